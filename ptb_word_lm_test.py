@@ -1,0 +1,420 @@
+"""Tests of the model, the training step and the command line of ptb_word_lm.py."""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+import ptb_word_lm
+import reader_test
+import util
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "ptb_word_lm.py")
+PTB_PATH = reader_test.PTB_PATH
+
+
+def make_corpus(directory, num_words=30, train_lines=300, seed=0,
+                word_prefix="w"):
+  """Writes a small generated PTB-like corpus; returns the directory."""
+  rng = np.random.RandomState(seed)
+  words = ["%s%d" % (word_prefix, i) for i in range(num_words)]
+  for name, lines in (("train", train_lines), ("valid", 40), ("test", 40)):
+    with open(os.path.join(directory, "ptb.%s.txt" % name), "w") as f:
+      for _ in range(lines):
+        # A skewed distribution, so that a model has something to learn.
+        ids = np.minimum(rng.geometric(0.15, size=rng.randint(3, 12)) - 1,
+                         num_words - 1)
+        f.write(" " + " ".join(words[i] for i in ids) + " \n")
+  return directory
+
+
+def run_script(*args, timeout=600):
+  """Runs ptb_word_lm.py; returns (exit code, stdout, stderr)."""
+  proc = subprocess.run([sys.executable, SCRIPT] + list(args),
+                        capture_output=True, text=True, timeout=timeout,
+                        cwd=HERE)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+class TinyConfig(object):
+  init_scale = 0.1
+  learning_rate = 1.0
+  max_grad_norm = 5
+  num_layers = 2
+  num_steps = 5
+  hidden_size = 8
+  max_epoch = 1
+  max_max_epoch = 1
+  keep_prob = 1.0
+  lr_decay = 0.5
+  batch_size = 4
+  vocab_size = 30
+  rnn_mode = ptb_word_lm.BASIC
+
+
+def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
+  """One LSTM layer's outputs and gradients for numpy inputs."""
+  x, c0, h0, kernel, bias, dy, dc, dh = (tf.constant(v, dtype) for v in inputs)
+  outputs, state = ptb_word_lm.lstm_layer(
+      rnn_mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+  # A loss that weighs every output and the final state differently.
+  loss = (tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c * dc) +
+          tf.reduce_sum(state.h * dh))
+  grads = tf.compat.v1.gradients(loss, [x, c0, h0, kernel, bias])
+  return [outputs, state.c, state.h] + grads
+
+
+def random_layer_inputs(num_steps=6, batch=3, input_size=4, hidden=5, seed=1):
+  rng = np.random.RandomState(seed)
+  shapes = ([num_steps, batch, input_size], [batch, hidden], [batch, hidden],
+            [input_size + hidden, 4 * hidden], [4 * hidden],
+            [num_steps, batch, hidden], [batch, hidden], [batch, hidden])
+  return [rng.uniform(-1, 1, size=s) for s in shapes]
+
+
+def reference_lstm(x, c, h, kernel, bias):
+  """The LSTM in numpy, straight from the SPEC: gates (i, j, f, o)."""
+  sigmoid = lambda v: 1 / (1 + np.exp(-v))
+  outputs = []
+  for x_t in x:
+    gates = np.concatenate([x_t, h], 1) @ kernel + bias
+    i, j, f, o = np.split(gates, 4, axis=1)
+    c = sigmoid(f + 0.0) * c + sigmoid(i) * np.tanh(j)
+    h = sigmoid(o) * np.tanh(c)
+    outputs.append(h)
+  return np.stack(outputs), c, h
+
+
+class LstmLayerTest(tf.test.TestCase):
+
+  def testModesMatchNumpyReference(self):
+    inputs = random_layer_inputs()
+    want = reference_lstm(*inputs[:5])
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        got = sess.run(layer_outputs(mode, inputs)[:3])
+      for g, w in zip(got, want):
+        self.assertAllClose(g, w, rtol=1e-5, atol=1e-6, msg=mode)
+
+  def testBasicEqualsBlockValuesAndGradients(self):
+    inputs = random_layer_inputs()
+    results = {}
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        results[mode] = sess.run(layer_outputs(mode, inputs))
+    names = ["outputs", "c", "h", "d_x", "d_c0", "d_h0", "d_kernel", "d_bias"]
+    for name, basic, block in zip(names, results[ptb_word_lm.BASIC],
+                                  results[ptb_word_lm.BLOCK]):
+      self.assertAllClose(basic, block, rtol=1e-5, atol=1e-6, msg=name)
+
+  def testGradientsAgreeWithNumericalGradient(self):
+    # Float64 numerics in the reference, float32 in the ops: the numerical
+    # gradient is taken in float32 with a step that float32 resolves.
+    inputs = random_layer_inputs(num_steps=3, batch=2, input_size=3, hidden=2)
+    for mode in (ptb_word_lm.BLOCK, ptb_word_lm.BASIC):
+      with tf.Graph().as_default(), tf.compat.v1.Session():
+        x, c0, h0, kernel, bias = (tf.constant(v, tf.float32)
+                                   for v in inputs[:5])
+        dy = tf.constant(inputs[5], tf.float32)
+        outputs, state = ptb_word_lm.lstm_layer(
+            mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+        loss = tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c)
+        for var in (x, c0, h0, kernel, bias):
+          err = tf.compat.v1.test.compute_gradient_error(
+              var, var.shape.as_list(), loss, [], delta=1e-3)
+          self.assertLess(err, 2e-3, msg="%s %s" % (mode, var.name))
+
+
+def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
+                     is_training=True, seed=0):
+  """A model on fixed random data `rows` `[batch, steps + 1]` ids."""
+  config.rnn_mode = rnn_mode
+  data = rows.reshape(-1)  # rows are contiguous streams: see reader.
+  input_ = ptb_word_lm.PTBInput(config, data, name="Input",
+                                num_towers=len(devices))
+  initializer = tf.compat.v1.random_uniform_initializer(
+      -config.init_scale, config.init_scale, seed=seed)
+  with tf.compat.v1.variable_scope("Model", initializer=initializer,
+                                   reuse=tf.compat.v1.AUTO_REUSE):
+    return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
+
+
+class ModelTest(tf.test.TestCase):
+
+  def _rows(self, batch, steps, seed=3):
+    return np.random.RandomState(seed).randint(
+        0, TinyConfig.vocab_size, size=(batch, steps + 1)).astype(np.int32)
+
+  def testBasicEqualsBlockModelCostAndGradients(self):
+    config = TinyConfig()
+    rows = self._rows(config.batch_size, config.num_steps)
+    results = {}
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      with tf.Graph().as_default():
+        model = build_tiny_model(config, rows, mode)
+        tvars = tf.compat.v1.trainable_variables()
+        grads = [tf.convert_to_tensor(g) for g in
+                 tf.compat.v1.gradients(model.cost, tvars)]
+        with tf.compat.v1.Session() as sess:
+          sess.run(tf.compat.v1.global_variables_initializer())
+          sess.run(tf.compat.v1.local_variables_initializer())
+          results[mode] = sess.run([model.cost] + grads)
+    for i, (a, b) in enumerate(zip(results[ptb_word_lm.BASIC],
+                                   results[ptb_word_lm.BLOCK])):
+      self.assertAllClose(a, b, rtol=1e-5, atol=1e-7, msg="fetch %d" % i)
+
+  def testCostIsSumOverTimeOfBatchMeanCrossEntropy(self):
+    config = TinyConfig()
+    rows = self._rows(config.batch_size, config.num_steps)
+    with tf.Graph().as_default():
+      model = build_tiny_model(config, rows, ptb_word_lm.BLOCK)
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(tf.compat.v1.local_variables_initializer())
+        weights = sess.run(tf.compat.v1.trainable_variables())
+        cost = sess.run(model.cost)
+    emb, k0, b0, k1, b1, sw, sb = weights
+    x, y = rows[:, :-1], rows[:, 1:]
+    zeros = np.zeros([config.batch_size, config.hidden_size])
+    h, _, _ = reference_lstm(emb[x.T], zeros, zeros, k0, b0)
+    h, _, _ = reference_lstm(h, zeros, zeros, k1, b1)
+    logits = h @ sw + sb                         # [T, B, V]
+    logits -= logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    xent = -np.take_along_axis(logp, y.T[..., None], -1)[..., 0]
+    self.assertAllClose(cost, xent.mean(1).sum(), rtol=1e-5)
+
+  def testOneSgdStepLowersCost(self):
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      config = TinyConfig()
+      rows = self._rows(config.batch_size, config.num_steps)
+      with tf.Graph().as_default():
+        model = build_tiny_model(config, rows, mode)
+        with tf.compat.v1.Session() as sess:
+          sess.run(tf.compat.v1.global_variables_initializer())
+          sess.run(tf.compat.v1.local_variables_initializer())
+          model.assign_lr(sess, 1.0)
+          # epoch_size is 1: every call sees the same batch from zero state.
+          before, _ = sess.run([model.cost, model.train_op])
+          after = sess.run(model.cost)
+      self.assertLess(after, before - 1e-3, msg=mode)
+
+  def testStateIsCarriedAndReset(self):
+    config = TinyConfig()
+    rows = np.random.RandomState(5).randint(
+        0, config.vocab_size, size=config.batch_size * 3 * config.num_steps + 4)
+    with tf.Graph().as_default():
+      model = build_tiny_model(config, rows, ptb_word_lm.BLOCK,
+                               is_training=False)
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(tf.compat.v1.local_variables_initializer())
+        init0 = sess.run(model.initial_state)
+        _, final0 = sess.run([model.update_state, model.final_state])
+        init1 = sess.run(model.initial_state)
+        sess.run(model.reset_state)
+        init2 = sess.run(model.initial_state)
+    self.assertAllEqual(np.asarray(init0), np.zeros_like(np.asarray(init0)))
+    self.assertAllClose(np.asarray(init1), np.asarray(final0))
+    self.assertGreater(np.abs(np.asarray(init1)).sum(), 0)
+    self.assertAllEqual(np.asarray(init2), np.zeros_like(np.asarray(init2)))
+
+
+# Lines of the SPEC's output formats.
+LINE_FORMATS = [
+    r"Epoch: \d+ Learning rate: \d+\.\d{3}",
+    r"\d+\.\d{3} perplexity: \d+\.\d{3} speed: \d+ wps",
+    r"Epoch: \d+ Train Perplexity: \d+\.\d{3}",
+    r"Epoch: \d+ Valid Perplexity: \d+\.\d{3}",
+    r"Test Perplexity: \d+\.\d{3}",
+    r"Saving model to .+\.",
+]
+
+
+class CommandLineTest(tf.test.TestCase):
+
+  def testTestModelOnGeneratedCorpusPrintsSpecLines(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      data = os.path.join(tmp, "data")
+      os.mkdir(data)
+      make_corpus(data)
+      save = os.path.join(tmp, "save")
+      code, out, err = run_script("--data_path=" + data, "--model=test",
+                                  "--num_gpus=0", "--save_path=" + save)
+      self.assertEqual(code, 0, err)
+      lines = out.splitlines()
+      for line in lines:
+        self.assertTrue(any(re.fullmatch(f, line) for f in LINE_FORMATS),
+                        "line does not match the SPEC formats: %r" % line)
+      progress = [l for l in lines if "wps" in l]
+      self.assertBetween(len(progress), 8, 12)
+      self.assertEqual(lines[0], "Epoch: 1 Learning rate: 1.000")
+      self.assertRegex(lines[-2], r"Test Perplexity: ")
+      self.assertEqual(lines[-1], "Saving model to %s." % save)
+      events = [f for f in os.listdir(save) if f.startswith("events.")]
+      self.assertNotEmpty(events)
+      tags = set()
+      for event in tf.compat.v1.train.summary_iterator(
+          os.path.join(save, events[0])):
+        tags.update(v.tag for v in event.summary.value)
+      self.assertEqual(tags, {"Training Loss", "Learning Rate",
+                              "Validation Loss"})
+      self.assertIsNotNone(tf.train.latest_checkpoint(save))
+
+      # A second run with the same --save_path restores the trained weights:
+      # its first epoch starts at the perplexity the first run ended near.
+      code, out2, err = run_script("--data_path=" + data, "--model=test",
+                                   "--num_gpus=0", "--save_path=" + save)
+      self.assertEqual(code, 0, err)
+      first = float(re.search(r"perplexity: (\S+) speed", out).group(1))
+      again = float(re.search(r"perplexity: (\S+) speed", out2).group(1))
+      self.assertLess(again, 0.5 * first)
+
+  def testTestModelOnRealPtbEndsWithFiniteTestPerplexity(self):
+    code, out, err = run_script("--data_path=" + PTB_PATH, "--model=test",
+                                "--num_gpus=0")
+    self.assertEqual(code, 0, err)
+    last = out.splitlines()[-1]
+    match = re.fullmatch(r"Test Perplexity: (\d+\.\d{3})", last)
+    self.assertIsNotNone(match, last)
+    self.assertTrue(np.isfinite(float(match.group(1))))
+    self.assertLess(float(match.group(1)), 10000)
+
+  def testShortEpochsPrintProgressWithoutDividingByZero(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp, train_lines=12)
+      # 12 short lines at batch 20 and 2 steps: a handful of steps per epoch.
+      code, out, err = run_script("--data_path=" + tmp, "--model=test",
+                                  "--num_gpus=0")
+      self.assertEqual(code, 0, err)
+      progress = [l for l in out.splitlines() if "wps" in l]
+      self.assertNotEmpty(progress)
+      self.assertIn("Test Perplexity", out)
+
+
+class ErrorTest(tf.test.TestCase):
+  """Every user error: one line on stderr, non-zero exit, no traceback."""
+
+  def assertUserError(self, args, pattern, code=1):
+    exit_code, out, err = run_script(*args)
+    self.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
+    self.assertNotIn("Traceback", err)
+    error_lines = [l for l in err.splitlines()
+                   if l.startswith("ptb_word_lm.py: error:")]
+    self.assertLen(error_lines, 1, err)
+    self.assertRegex(error_lines[0], pattern)
+
+  def testNoDataPath(self):
+    self.assertUserError(["--num_gpus=0"], "--data_path", code=2)
+
+  def testMissingFile(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp)
+      os.remove(os.path.join(tmp, "ptb.test.txt"))
+      self.assertUserError(["--data_path=" + tmp, "--num_gpus=0"],
+                           "ptb.test.txt is missing.*simple-examples")
+
+  def testEmptyFile(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp)
+      open(os.path.join(tmp, "ptb.valid.txt"), "w").close()
+      self.assertUserError(["--data_path=" + tmp, "--num_gpus=0"],
+                           "ptb.valid.txt is empty")
+
+  def testNotUtf8(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp)
+      with open(os.path.join(tmp, "ptb.train.txt"), "ab") as f:
+        f.write(b"caf\xe9\n")
+      self.assertUserError(["--data_path=" + tmp, "--num_gpus=0"],
+                           r"ptb.train.txt is not UTF-8 text: invalid byte "
+                           r"0xe9 at byte offset \d+")
+
+  def testUnknownModel(self):
+    self.assertUserError(["--data_path=/x", "--model=huge", "--num_gpus=0"],
+                         "huge.*small, medium, large, test", code=2)
+
+  def testUnknownRnnMode(self):
+    self.assertUserError(["--data_path=/x", "--rnn_mode=fancy",
+                          "--num_gpus=0"], "fancy.*BASIC, BLOCK, CUDNN",
+                         code=2)
+
+  def testDefaultNumGpusWithoutGpu(self):
+    if tf.config.list_physical_devices("GPU"):
+      self.skipTest("this machine has a GPU")
+    self.assertUserError(["--data_path=" + PTB_PATH], "--num_gpus=0")
+
+  def testCudnnWithoutGpu(self):
+    if tf.config.list_physical_devices("GPU"):
+      self.skipTest("this machine has a GPU")
+    self.assertUserError(["--data_path=" + PTB_PATH, "--rnn_mode=cudnn",
+                          "--num_gpus=0"], "CUDNN needs a GPU")
+
+  def testVocabularyLargerThanConfig(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp, num_words=30)
+      self.assertUserError(["--data_path=" + tmp, "--num_gpus=0",
+                            "--config_overrides=vocab_size=20"],
+                           "31 distinct words.*vocab_size is 20")
+
+  def testEpochSizeZero(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp, train_lines=2)
+      self.assertUserError(["--data_path=" + tmp, "--num_gpus=0"],
+                           "epoch_size == 0, decrease batch_size or num_steps")
+
+  def testBadOverrides(self):
+    self.assertUserError(["--data_path=/x", "--num_gpus=0",
+                          "--config_overrides=max_epochs=1"],
+                         "unknown field 'max_epochs'.*max_epoch", code=2)
+    self.assertUserError(["--data_path=/x", "--num_gpus=0",
+                          "--config_overrides=num_layers=two"],
+                         "num_layers=two is not a valid int", code=2)
+    self.assertUserError(["--data_path=/x", "--num_gpus=0",
+                          "--config_overrides=keep_prob=0"],
+                         "keep_prob=0.0 must be in", code=2)
+
+
+class ConfigTest(tf.test.TestCase):
+
+  def testGetConfigIsFreshAndTakesRnnMode(self):
+    a = ptb_word_lm.get_config("small")
+    a.hidden_size = 3
+    b = ptb_word_lm.get_config("small", "BaSiC")
+    self.assertEqual(b.hidden_size, 200)
+    self.assertEqual(b.rnn_mode, ptb_word_lm.BASIC)
+
+  def testOverridesPrintAndApply(self):
+    config = ptb_word_lm.get_config("large")
+    changed = ptb_word_lm.apply_overrides(
+        config, "max_epoch=1, max_max_epoch=2,keep_prob=0.5,rnn_mode=basic")
+    self.assertEqual(changed, {"max_epoch": 1, "max_max_epoch": 2,
+                               "keep_prob": 0.5, "rnn_mode": "basic"})
+    self.assertEqual((config.max_epoch, config.max_max_epoch), (1, 2))
+    self.assertIsInstance(config.max_epoch, int)
+
+  def testSpecValues(self):
+    expected = {
+        "small": (0.1, 5, 2, 20, 200, 4, 13, 1.0, 0.5),
+        "medium": (0.05, 5, 2, 35, 650, 6, 39, 0.5, 0.8),
+        "large": (0.04, 10, 2, 35, 1500, 14, 55, 0.35, 1 / 1.15),
+        "test": (0.1, 1, 1, 2, 2, 1, 1, 1.0, 0.5),
+    }
+    fields = ("init_scale", "max_grad_norm", "num_layers", "num_steps",
+              "hidden_size", "max_epoch", "max_max_epoch", "keep_prob",
+              "lr_decay")
+    for name, values in expected.items():
+      config = ptb_word_lm.get_config(name)
+      self.assertEqual(tuple(getattr(config, f) for f in fields), values)
+      self.assertEqual((config.learning_rate, config.batch_size,
+                        config.vocab_size, config.rnn_mode),
+                       (1.0, 20, 10000, ptb_word_lm.BLOCK))
+
+
+if __name__ == "__main__":
+  tf.test.main()

@@ -1,0 +1,199 @@
+"""Utilities for parsing PTB text files.
+
+Text -> word ids -> `[batch_size, num_steps]` input/target tensors. This module
+knows nothing of flags or models.
+"""
+
+import collections
+import os
+
+import numpy as np
+import tensorflow as tf
+
+FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
+
+
+class DataError(ValueError):
+  """The corpus cannot be used; the message says what to do about it."""
+
+
+def _read_words(filename):
+  """Reads a text file as UTF-8 and returns its tokens, newlines as `<eos>`.
+
+  Raises:
+    DataError: the file is missing, unreadable, not UTF-8 text or empty.
+  """
+  try:
+    with open(filename, "rb") as f:
+      raw = f.read()
+  except IsADirectoryError:
+    raise DataError("%s is a directory, not a text file" % filename) from None
+  except FileNotFoundError:
+    raise DataError("%s does not exist" % filename) from None
+  except OSError as e:
+    raise DataError("cannot read %s: %s" % (filename, e.strerror)) from None
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError("%s is not UTF-8 text: invalid byte 0x%02x at byte offset %d"
+                    % (filename, raw[e.start], e.start)) from None
+  words = text.replace("\n", " <eos> ").split()
+  if not words:
+    raise DataError("%s is empty: it holds no words" % filename)
+  return words
+
+
+def _build_vocab(words):
+  """Maps words to ids by descending count, ties broken by the word itself."""
+  counter = collections.Counter(words)
+  count_pairs = sorted(counter.items(), key=lambda x: (-x[1], x[0]))
+  return {word: i for i, (word, _) in enumerate(count_pairs)}
+
+
+def _word_ids(words, word_to_id):
+  """Converts words to ids; words outside the vocabulary are dropped."""
+  return [word_to_id[w] for w in words if w in word_to_id]
+
+
+def ptb_raw_data(data_path):
+  """Loads the PTB training, validation and test files from `data_path`.
+
+  The vocabulary is built from the training file only; words of the
+  validation and test files that are not in it are dropped.
+
+  Args:
+    data_path: directory holding ptb.train.txt, ptb.valid.txt, ptb.test.txt.
+
+  Returns:
+    (train_ids, valid_ids, test_ids, vocab_size): three lists of int word ids
+    and the number of distinct training words.
+
+  Raises:
+    DataError: the directory or a file is missing or unusable; the message
+      names it and says how to get the data.
+  """
+  if not os.path.isdir(data_path):
+    what = "is a file" if os.path.exists(data_path) else "does not exist"
+    raise DataError(
+        "--data_path=%s %s: give the directory that holds %s (for example "
+        "simple-examples/data from http://www.fit.vutbr.cz/~imikolov/rnnlm/"
+        "simple-examples.tgz)" % (data_path, what, ", ".join(FILE_NAMES)))
+  paths = [os.path.join(data_path, name) for name in FILE_NAMES]
+  for path in paths:
+    if not os.path.exists(path):
+      raise DataError(
+          "%s is missing: --data_path must hold %s; get them by unpacking "
+          "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz and "
+          "pointing --data_path at simple-examples/data"
+          % (path, ", ".join(FILE_NAMES)))
+  train_words, valid_words, test_words = (_read_words(p) for p in paths)
+  word_to_id = _build_vocab(train_words)
+  return (_word_ids(train_words, word_to_id), _word_ids(valid_words, word_to_id),
+          _word_ids(test_words, word_to_id), len(word_to_id))
+
+
+def epoch_size(data_len, batch_size, num_steps):
+  """Number of `num_steps` windows in one pass over `data_len` ids."""
+  return ((data_len // batch_size) - 1) // num_steps
+
+
+def check_epoch_size(data_len, batch_size, num_steps, name="data"):
+  """Returns the epoch size, raising DataError when it is zero."""
+  size = epoch_size(data_len, batch_size, num_steps)
+  if size <= 0:
+    raise DataError(
+        "epoch_size == 0, decrease batch_size or num_steps: %s has %d words, "
+        "too few for batch_size=%d and num_steps=%d (it needs at least %d)"
+        % (name, data_len, batch_size, num_steps, batch_size * (num_steps + 1)))
+  return size
+
+
+def chunk_windows(raw_data, batch_size, num_steps, steps_per_call=1):
+  """Arranges one epoch of ids into calls of `steps_per_call` windows each.
+
+  The ids are cut into `batch_size` contiguous rows of `len // batch_size`
+  ids (the tail is dropped). Window i is columns [i*num_steps, (i+1)*num_steps)
+  as inputs and the same columns shifted right by one as targets. Call c
+  holds windows [c*steps_per_call, (c+1)*steps_per_call) side by side; the
+  last call is padded with zero ids of weight 0 when the epoch does not
+  divide evenly, so running the calls in order visits exactly the windows of
+  `ptb_producer`, in the same order, with the same state carried across.
+
+  Args:
+    raw_data: sequence of int word ids.
+    batch_size: rows.
+    num_steps: steps per window.
+    steps_per_call: windows per call.
+
+  Returns:
+    (x, y, w): numpy arrays of shape
+    `[num_calls, batch_size, steps_per_call * num_steps]`, int32, int32 and
+    float32 (1 for real positions, 0 for padding).
+
+  Raises:
+    DataError: epoch_size == 0.
+  """
+  size = check_epoch_size(len(raw_data), batch_size, num_steps)
+  data = np.asarray(raw_data, dtype=np.int32)
+  batch_len = len(data) // batch_size
+  data = data[:batch_size * batch_len].reshape(batch_size, batch_len)
+  span = size * num_steps
+  x, y = data[:, :span], data[:, 1:span + 1]
+  call_len = steps_per_call * num_steps
+  num_calls = -(-size // steps_per_call)
+  pad = num_calls * call_len - span
+  w = np.ones_like(x, dtype=np.float32)
+  if pad:
+    x, y = np.pad(x, ((0, 0), (0, pad))), np.pad(y, ((0, 0), (0, pad)))
+    w = np.pad(w, ((0, 0), (0, pad)))
+
+  def calls(a):
+    return a.reshape(batch_size, num_calls, call_len).transpose(1, 0, 2).copy()
+
+  return calls(x), calls(y), calls(w)
+
+
+def _cycle(arrays, name):
+  """Yields `arrays[k][i]` for i = 0, 1, ..., wrapping around, as tensors."""
+  with tf.compat.v1.name_scope(name, "PTBProducer"):
+    dataset = tf.data.Dataset.from_tensor_slices(arrays).repeat()
+    # Prefetch keeps the slicing off the training step's critical path.
+    dataset = dataset.prefetch(2)
+    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+
+
+def ptb_producer(raw_data, batch_size, num_steps, name=None):
+  """Iterates over the raw PTB data, one `[batch_size, num_steps]` window a call.
+
+  Args:
+    raw_data: sequence of int word ids (one of the outputs of ptb_raw_data).
+    batch_size: int, the batch size.
+    num_steps: int, the number of unrolled steps.
+    name: the name of this operation (optional).
+
+  Returns:
+    A pair of int32 tensors (x, y), each `[batch_size, num_steps]`. Each
+    evaluation yields the next window, cycling over the epoch forever; y is
+    x shifted right by one.
+
+  Raises:
+    DataError: epoch_size == 0 for this batch_size and num_steps.
+  """
+  x, y, _ = chunk_windows(raw_data, batch_size, num_steps)
+  return _cycle((x, y), name)
+
+
+def ptb_chunk_producer(raw_data, batch_size, num_steps, steps_per_call,
+                       name=None):
+  """Like ptb_producer, with `steps_per_call` consecutive windows per call.
+
+  Evaluation runs many windows per `session.run` this way: the results are
+  those of `steps_per_call` calls of ptb_producer, in far fewer calls.
+
+  Returns:
+    (x, y, weights): int32, int32 and float32 tensors, each
+    `[batch_size, steps_per_call * num_steps]`; weights are 0 on the padding
+    of the epoch's last call (see chunk_windows).
+  """
+  return _cycle(chunk_windows(raw_data, batch_size, num_steps, steps_per_call),
+                name)

@@ -1,0 +1,160 @@
+"""Tests for reader.py."""
+
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+
+import reader
+
+PTB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                        "shared", "data", "simple-examples", "data")
+
+
+def _write(directory, name, content, mode="w"):
+  path = os.path.join(directory, name)
+  with open(path, mode) as f:
+    f.write(content)
+  return path
+
+
+def _evaluate(tensors, times):
+  """Evaluates `tensors` `times` times in a fresh session."""
+  with tf.compat.v1.Session() as session:
+    return [session.run(tensors) for _ in range(times)]
+
+
+class PtbReaderTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self._string_data = "\n".join(
+        [" hello there i am",
+         " rain as day",
+         " want some cheesy puffs ?"])
+
+  def testPtbRawData(self):
+    tmpdir = self.get_temp_dir()
+    for suffix in "train", "valid", "test":
+      _write(tmpdir, "ptb.%s.txt" % suffix, self._string_data)
+    train, valid, test, vocab_size = reader.ptb_raw_data(tmpdir)
+    self.assertLen(train, 14)  # 12 words, 2 <eos>: the last line has no newline.
+    self.assertEqual(vocab_size, 13)
+    self.assertEqual(train, valid)
+    self.assertEqual(train, test)
+
+  def testEosAndTokens(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      path = _write(tmpdir, "f.txt", "a  b\n\nc\td\n")
+      self.assertEqual(reader._read_words(path),
+                       ["a", "b", "<eos>", "<eos>", "c", "d", "<eos>"])
+
+  def testVocabularyOrderAndOutOfVocabulary(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      # Counts: b 3, a 2, c 2, <eos> 2; ties are broken by the word itself.
+      _write(tmpdir, "ptb.train.txt", "b a c b\nc a b\n")
+      _write(tmpdir, "ptb.valid.txt", "a zzz b\n")
+      _write(tmpdir, "ptb.test.txt", "qqq c\n")
+      train, valid, test, vocab_size = reader.ptb_raw_data(tmpdir)
+    self.assertEqual(vocab_size, 4)
+    # b (count 3) is 0; then the count-2 words by spelling: <eos>, a, c.
+    self.assertEqual(train, [0, 2, 3, 0, 1, 3, 2, 0, 1])
+    self.assertEqual(valid, [2, 0, 1])  # "zzz" dropped.
+    self.assertEqual(test, [3, 1])      # "qqq" dropped.
+
+  def testPtbProducer(self):
+    raw_data = [4, 3, 2, 1, 0, 5, 6, 1, 1, 1, 1, 0, 3, 4, 1]
+    batch_size = 3
+    num_steps = 2
+    with tf.Graph().as_default():
+      x, y = reader.ptb_producer(raw_data, batch_size, num_steps)
+      (xval, yval), (xval2, yval2), (xval3, yval3) = _evaluate([x, y], 3)
+    self.assertAllEqual(xval, [[4, 3], [5, 6], [1, 0]])
+    self.assertAllEqual(yval, [[3, 2], [6, 1], [0, 3]])
+    self.assertAllEqual(xval2, [[2, 1], [1, 1], [3, 4]])
+    self.assertAllEqual(yval2, [[1, 0], [1, 1], [4, 1]])
+    # epoch_size is 2: the third call starts the next pass.
+    self.assertAllEqual(xval3, xval)
+    self.assertAllEqual(yval3, yval)
+    self.assertEqual(x.dtype, tf.int32)
+    self.assertEqual(x.shape.as_list(), [3, 2])
+
+  def testChunkProducerVisitsTheSameWindows(self):
+    raw_data = list(np.random.RandomState(0).randint(0, 50, size=203))
+    batch_size, num_steps, per_call = 4, 3, 5
+    size = reader.epoch_size(len(raw_data), batch_size, num_steps)
+    self.assertEqual(size, 16)
+    with tf.Graph().as_default():
+      x, y = reader.ptb_producer(raw_data, batch_size, num_steps)
+      windows = _evaluate([x, y], size)
+    with tf.Graph().as_default():
+      cx, cy, cw = reader.ptb_chunk_producer(raw_data, batch_size, num_steps,
+                                             per_call)
+      calls = _evaluate([cx, cy, cw], 4)
+    self.assertEqual(cx.shape.as_list(), [4, 15])
+    got_x = np.concatenate([c[0] for c in calls], axis=1)
+    got_y = np.concatenate([c[1] for c in calls], axis=1)
+    got_w = np.concatenate([c[2] for c in calls], axis=1)
+    span = size * num_steps
+    self.assertAllEqual(got_x[:, :span], np.concatenate([w[0] for w in windows], 1))
+    self.assertAllEqual(got_y[:, :span], np.concatenate([w[1] for w in windows], 1))
+    self.assertAllEqual(got_w[:, :span], np.ones([4, span]))
+    self.assertAllEqual(got_w[:, span:], np.zeros([4, 20 * 3 - span]))
+
+  def testEpochSizeZero(self):
+    with self.assertRaisesRegex(reader.DataError,
+                                "epoch_size == 0, decrease batch_size or num_steps"):
+      reader.ptb_producer([1, 2, 3, 4, 5], batch_size=3, num_steps=2)
+
+  def testMissingFile(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      _write(tmpdir, "ptb.train.txt", "a b\n")
+      _write(tmpdir, "ptb.test.txt", "a b\n")
+      with self.assertRaisesRegex(reader.DataError,
+                                  "ptb.valid.txt is missing.*simple-examples"):
+        reader.ptb_raw_data(tmpdir)
+
+  def testDataPathIsAFile(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      path = _write(tmpdir, "x.txt", "a")
+      with self.assertRaisesRegex(reader.DataError, "is a file"):
+        reader.ptb_raw_data(path)
+
+  def testNotUtf8NamesFileAndOffset(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      path = _write(tmpdir, "f.txt", b"abc \xff def", mode="wb")
+      with self.assertRaisesRegex(
+          reader.DataError, "f.txt is not UTF-8 text: invalid byte 0xff at "
+          "byte offset 4"):
+        reader._read_words(path)
+
+  def testEmptyFile(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      path = _write(tmpdir, "f.txt", " \n")  # Only <eos>: still has a word.
+      self.assertEqual(reader._read_words(path), ["<eos>"])
+      path = _write(tmpdir, "g.txt", "")
+      with self.assertRaisesRegex(reader.DataError, "g.txt is empty"):
+        reader._read_words(path)
+
+  def testRealPtb(self):
+    if not os.path.isdir(PTB_PATH):
+      self.fail("the shared PTB copy is missing at %s" % PTB_PATH)
+    train, valid, test, vocab_size = reader.ptb_raw_data(PTB_PATH)
+    self.assertEqual(vocab_size, 10000)
+    self.assertEqual((len(train), len(valid), len(test)),
+                     (929589, 73760, 82430))
+    word_to_id = reader._build_vocab(
+        reader._read_words(os.path.join(PTB_PATH, "ptb.train.txt")))
+    for word, expected in (("the", 0), ("<unk>", 1), ("<eos>", 2), ("N", 3),
+                           ("of", 4)):
+      self.assertEqual(word_to_id[word], expected)
+    self.assertEqual(reader.epoch_size(len(train), 20, 20), 2323)
+    self.assertEqual(reader.epoch_size(len(valid), 20, 20), 184)
+    self.assertEqual(reader.epoch_size(len(train), 20, 35), 1327)
+    self.assertEqual(reader.epoch_size(len(valid), 20, 35), 105)
+    self.assertEqual(reader.epoch_size(len(test), 1, 1), 82429)
+
+
+if __name__ == "__main__":
+  tf.test.main()

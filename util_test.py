@@ -1,0 +1,201 @@
+"""Tests of util.py: towers, gradient averaging and the cuDNN weight layout."""
+
+import os
+import re
+import tempfile
+import unittest
+
+import numpy as np
+import tensorflow as tf
+
+import ptb_word_lm
+import ptb_word_lm_test as lm_test
+import util
+
+HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+NO_GPU_REASON = ("needs a GPU: CudnnRNNV3 and CudnnRNNCanonicalToParams have "
+                 "no CPU kernels (owed on real GPU hardware)")
+
+
+def _train_one_step(config, rows, rnn_mode, devices, weights=None):
+  """Builds a model, optionally loads `weights`, runs one SGD step.
+
+  Returns:
+    (cost before the step, trainable values before, trainable values after).
+  """
+  with tf.Graph().as_default():
+    model = lm_test.build_tiny_model(config, rows, rnn_mode, devices=devices)
+    tvars = tf.compat.v1.trainable_variables()
+    session_config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": len(devices)}, allow_soft_placement=False)
+    with tf.compat.v1.Session(config=session_config) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(tf.compat.v1.local_variables_initializer())
+      if weights is not None:
+        for var, value in zip(tvars, weights):
+          var.load(value, sess)
+      model.assign_lr(sess, 1.0)
+      before = sess.run(tvars)
+      cost, _ = sess.run([model.cost, model.train_op])
+      return cost, before, sess.run(tvars)
+
+
+class TowerTest(tf.test.TestCase):
+
+  def testTowerDevices(self):
+    self.assertEqual(util.tower_devices(2), ["/gpu:0", "/gpu:1"])
+    self.assertEqual(util.tower_devices(0), ["/cpu:0"])
+    self.assertEqual(util.tower_devices(0, 3), ["/cpu:0", "/cpu:1", "/cpu:2"])
+    self.assertEqual(util.variable_device(["/gpu:0"]), "/gpu:0")
+    self.assertEqual(util.variable_device(["/gpu:0", "/gpu:1"]), "/cpu:0")
+
+  def testAverageGradientsDenseAndSparse(self):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      dense = [tf.constant([1.0, 2.0]), tf.constant([3.0, 6.0])]
+      sparse = [tf.IndexedSlices(tf.constant([[1.0, 1.0]]), tf.constant([0]),
+                                 tf.constant([3, 2])),
+                tf.IndexedSlices(tf.constant([[4.0, 2.0]]), tf.constant([2]),
+                                 tf.constant([3, 2]))]
+      avg_dense, avg_sparse = util.average_gradients(zip(dense, sparse))
+      self.assertAllClose(sess.run(avg_dense), [2.0, 4.0])
+      self.assertAllClose(sess.run(tf.convert_to_tensor(avg_sparse)),
+                          [[0.5, 0.5], [0, 0], [2.0, 1.0]])
+
+  def testTwoTowersEqualOneTowerWithDoubleBatch(self):
+    # Tower k trains on rows [k*B, (k+1)*B) of the 2B rows the producer
+    # delivers; one tower of batch 2B sees the same rows. The cost and the
+    # variables after one SGD step must agree.
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      config = lm_test.TinyConfig()
+      rows = np.random.RandomState(7).randint(
+          0, config.vocab_size,
+          size=(2 * config.batch_size, config.num_steps + 1)).astype(np.int32)
+      big = lm_test.TinyConfig()
+      big.batch_size = 2 * config.batch_size
+      cost1, weights, after1 = _train_one_step(big, rows, mode, ["/cpu:0"])
+      cost2, before2, after2 = _train_one_step(
+          config, rows, mode, ["/cpu:0", "/cpu:1"], weights=weights)
+      for w, b in zip(weights, before2):
+        self.assertAllEqual(w, b)
+      self.assertAllClose(cost1, cost2, rtol=1e-5, msg=mode)
+      for a1, a2, w in zip(after1, after2, weights):
+        self.assertAllClose(a1, a2, rtol=1e-5, atol=1e-7, msg=mode)
+        self.assertGreater(np.abs(a1 - w).max(), 0)  # The step changed it.
+
+  def testTowersPlaceWorkOnTheirDevices(self):
+    config = lm_test.TinyConfig()
+    rows = np.zeros([2 * config.batch_size, config.num_steps + 1], np.int32)
+    with tf.Graph().as_default():
+      lm_test.build_tiny_model(config, rows, ptb_word_lm.BLOCK,
+                               devices=["/cpu:0", "/cpu:1"])
+      ops = tf.compat.v1.get_default_graph().get_operations()
+      lstm = [op for op in ops if op.type == "BlockLSTM"]
+      self.assertEqual(sorted(op.device[-5:] for op in lstm),
+                       ["CPU:0"] * 2 + ["CPU:1"] * 2)  # Two layers each.
+      state_vars = [v for v in tf.compat.v1.local_variables()
+                    if "lstm_state" in v.name]
+      self.assertLen(state_vars, 2)  # Each tower carries its own state.
+
+  def testCpuTowersTrainLikeOneTowerWithDoubleBatch(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp, train_lines=600)
+      base = ["--data_path=" + tmp, "--model=test", "--num_gpus=0", "--seed=1",
+              "--config_overrides=hidden_size=16,max_max_epoch=2"]
+      code, towers, err = lm_test.run_script(*(base + ["--cpu_towers=2"]))
+      self.assertEqual(code, 0, err)
+      base[-1] += ",batch_size=40"
+      code, single, err = lm_test.run_script(*base)
+      self.assertEqual(code, 0, err)
+
+    def figures(out, what):
+      return [float(v) for v in re.findall(what + r" Perplexity: (\S+)", out)]
+
+    for what in ("Train", "Test"):
+      got, want = figures(towers, what), figures(single, what)
+      self.assertNotEmpty(want)
+      self.assertAllClose(got, want, rtol=0.01, msg=what)
+
+
+class CudnnLayoutTest(tf.test.TestCase):
+
+  def _weights(self, input_size=3, hidden=4, seed=2):
+    rng = np.random.RandomState(seed)
+    return (rng.uniform(-1, 1, [input_size + hidden, 4 * hidden]),
+            rng.uniform(-1, 1, [4 * hidden]))
+
+  def testRoundTripIsExact(self):
+    kernel, bias = self._weights()
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      weights, biases = util.canonical_to_cudnn(
+          tf.constant(kernel), tf.constant(bias), 3)
+      back = sess.run(util.cudnn_to_canonical(weights, biases))
+      weights, biases = sess.run([weights, biases])
+    self.assertAllEqual(back[0], kernel)
+    self.assertAllEqual(back[1], bias)
+    self.assertEqual([w.shape for w in weights], [(4, 3)] * 4 + [(4, 4)] * 4)
+    self.assertEqual([b.shape for b in biases], [(4,)] * 8)
+    self.assertAllEqual(np.concatenate(biases[4:]), np.zeros(16))
+
+  def testCudnnGateOrderStepEqualsBasicStep(self):
+    """An LSTM step written the way cuDNN defines it equals the BASIC cell."""
+    kernel, bias = self._weights()
+    rng = np.random.RandomState(3)
+    x, c, h = (rng.uniform(-1, 1, s) for s in ([2, 3], [2, 4], [2, 4]))
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      weights, biases = sess.run(util.canonical_to_cudnn(
+          tf.constant(kernel), tf.constant(bias), 3))
+      outputs, state = ptb_word_lm.lstm_layer(
+          ptb_word_lm.BASIC, tf.constant(x[None]),
+          util.LSTMStateTuple(tf.constant(c), tf.constant(h)),
+          tf.constant(kernel), tf.constant(bias))
+      want_h, want_c = sess.run([outputs[0], state.c])
+    sigmoid = lambda v: 1 / (1 + np.exp(-v))
+    # cuDNN: gate g = W_g x + R_g h + bW_g + bR_g, g in (i, f, c, o).
+    gate = [x @ weights[g].T + h @ weights[4 + g].T + biases[g] + biases[4 + g]
+            for g in range(4)]
+    i, f, cand, o = (sigmoid(gate[0]), sigmoid(gate[1]), np.tanh(gate[2]),
+                     sigmoid(gate[3]))
+    got_c = f * c + i * cand
+    got_h = o * np.tanh(got_c)
+    self.assertAllClose(got_c, want_c, rtol=1e-12)
+    self.assertAllClose(got_h, want_h, rtol=1e-12)
+
+
+@unittest.skipUnless(HAS_GPU, NO_GPU_REASON)
+class CudnnGpuTest(tf.test.TestCase):
+
+  def testCudnnEqualsBasicValuesAndGradients(self):
+    inputs = lm_test.random_layer_inputs(num_steps=5, batch=3, input_size=4,
+                                         hidden=6)
+    results = {}
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.CUDNN):
+      with tf.Graph().as_default(), tf.device("/gpu:0"):
+        fetches = lm_test.layer_outputs(mode, inputs)
+        with tf.compat.v1.Session() as sess:
+          results[mode] = sess.run(fetches)
+    for basic, cudnn in zip(results[ptb_word_lm.BASIC],
+                            results[ptb_word_lm.CUDNN]):
+      self.assertAllClose(basic, cudnn, rtol=1e-4, atol=1e-5)
+
+  def testCudnnModelCostAndGradientsEqualBasic(self):
+    config = lm_test.TinyConfig()
+    rows = np.random.RandomState(3).randint(
+        0, config.vocab_size, size=(config.batch_size, config.num_steps + 1))
+    results = {}
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.CUDNN):
+      with tf.Graph().as_default():
+        model = lm_test.build_tiny_model(config, rows, mode,
+                                         devices=["/gpu:0"])
+        tvars = tf.compat.v1.trainable_variables()
+        grads = [tf.convert_to_tensor(g)
+                 for g in tf.compat.v1.gradients(model.cost, tvars)]
+        with tf.compat.v1.Session() as sess:
+          sess.run(tf.compat.v1.global_variables_initializer())
+          sess.run(tf.compat.v1.local_variables_initializer())
+          results[mode] = sess.run([model.cost] + grads)
+    for a, b in zip(results[ptb_word_lm.BASIC], results[ptb_word_lm.CUDNN]):
+      self.assertAllClose(a, b, rtol=1e-4, atol=1e-6)
+
+
+if __name__ == "__main__":
+  tf.test.main()
