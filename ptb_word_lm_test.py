@@ -130,6 +130,25 @@ class LstmLayerTest(tf.test.TestCase):
           self.assertLess(err, 2e-3, msg="%s %s" % (mode, var.name))
 
 
+class CrossEntropyTest(tf.test.TestCase):
+
+  def testMatchesTensorFlowLossAndGradient(self):
+    rng = np.random.RandomState(4)
+    logits = rng.uniform(-30, 30, size=(7, 11)).astype(np.float32)
+    labels = rng.randint(0, 11, size=7).astype(np.int32)
+    d_loss = rng.uniform(0, 2, size=7).astype(np.float32)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      l = tf.constant(logits)
+      ours = ptb_word_lm.sparse_softmax_cross_entropy(l, tf.constant(labels))
+      theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=labels, logits=l)
+      grads = [tf.compat.v1.gradients(loss * d_loss, l)[0]
+               for loss in (ours, theirs)]
+      got, want, g_got, g_want = sess.run([ours, theirs] + grads)
+    self.assertAllClose(got, want, rtol=1e-6, atol=1e-5)
+    self.assertAllClose(g_got, g_want, rtol=1e-6, atol=1e-7)
+
+
 def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
                      is_training=True, seed=0):
   """A model on fixed random data `rows` `[batch, steps + 1]` ids."""
