@@ -37,6 +37,8 @@ only tensorflow, numpy and absl-py.
 """
 
 import os
+import platform
+import signal
 import sys
 import time
 
@@ -49,6 +51,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import monitor
 import reader
 import util
 
@@ -91,6 +94,20 @@ flags.DEFINE_integer(
     "Graph-level random seed, for reproducible initialisation and dropout; "
     "unset, every run draws its own (as the original did).")
 
+flags.DEFINE_integer(
+    "save_every_steps", 0,
+    "With --save_path, also save a checkpoint every this many training "
+    "steps (0: only at the end of every epoch).")
+flags.DEFINE_string(
+    "memory_log", None,
+    "Write a CSV of the process's RSS (and GPU memory) over time here, with "
+    "the phase, epoch and step of the run.")
+flags.DEFINE_float("memory_interval", 2.0,
+                   "Seconds between two --memory_log samples.")
+flags.DEFINE_string(
+    "summary_json", None,
+    "Write a JSON summary of the run here (rewritten after every epoch).")
+
 FLAGS = flags.FLAGS
 BASIC = "basic"
 CUDNN = "cudnn"
@@ -99,12 +116,19 @@ RNN_MODES = (BASIC, BLOCK, CUDNN)
 CPU_RNN_MODE = BASIC
 
 
-class UserError(Exception):
-  """A problem the user can fix; printed as one line, no traceback."""
+class Stop(Exception):
+  """Ends the run with a one-line message and an exit code."""
 
-  def __init__(self, message, exit_code=1):
+  def __init__(self, message, exit_code):
     super().__init__(message)
     self.exit_code = exit_code
+
+
+class UserError(Stop):
+  """A problem the user can fix; printed as one error line, no traceback."""
+
+  def __init__(self, message, exit_code=1):
+    super().__init__(message, exit_code)
 
 
 def data_type(use_fp16):
@@ -126,6 +150,8 @@ class PTBInput(object):
       steps_per_call * num_steps]`.
     weights: float32 like targets (0 on padding), or None when
       steps_per_call == 1.
+    position: int64 local variable, calls served so far (see
+      reader.producer); a resumed run sets it.
   """
 
   def __init__(self, config, data, name=None, num_towers=1, steps_per_call=1):
@@ -135,14 +161,12 @@ class PTBInput(object):
     rows = batch_size * num_towers
     self.epoch_size = reader.check_epoch_size(len(data), rows, num_steps, name)
     self.steps_per_call = steps_per_call = min(steps_per_call, self.epoch_size)
-    self.num_calls = -(-self.epoch_size // steps_per_call)
-    if steps_per_call == 1:
-      self.input_data, self.targets = reader.ptb_producer(
-          data, rows, num_steps, name=name)
-      self.weights = None
-    else:
-      self.input_data, self.targets, self.weights = reader.ptb_chunk_producer(
-          data, rows, num_steps, steps_per_call, name=name)
+    producer = reader.producer(data, rows, num_steps, steps_per_call,
+                               name=name)
+    self.num_calls = producer.num_calls
+    self.input_data, self.targets = producer.x, producer.y
+    self.weights = producer.weights
+    self.position = producer.position
 
   def steps_in_call(self, call):
     """Real (unpadded) windows in session call number `call`."""
@@ -488,6 +512,11 @@ class PTBModel(object):
   def num_towers(self):
     return self._num_towers
 
+  @property
+  def state_variables(self):
+    """Each tower's `[layers, 2, batch, hidden]` LSTM state variable."""
+    return [s["var"] for s in self._states]
+
 
 class SmallConfig(object):
   """Small config."""
@@ -561,7 +590,8 @@ CONFIGS = {"small": SmallConfig, "medium": MediumConfig, "large": LargeConfig,
            "test": TestConfig}
 
 
-def run_epoch(session, model, eval_op=None, verbose=False):
+def run_epoch(session, model, eval_op=None, verbose=False, start=None,
+              on_step=None):
   """Runs the model over one pass of its input.
 
   Args:
@@ -569,32 +599,39 @@ def run_epoch(session, model, eval_op=None, verbose=False):
     model: a PTBModel.
     eval_op: an op to run with every step (the training op), or None.
     verbose: print the progress line about ten times.
+    start: (step, costs) to resume a pass part-way, with the model's state
+      and input position restored from a checkpoint; None starts afresh.
+    on_step: called as on_step(step, cost, costs) after every session call;
+      it may raise to stop the pass.
 
   Returns:
     The perplexity of the pass.
   """
   start_time = time.time()
-  costs = 0.0
-  iters = 0
-  session.run(model.reset_state)
+  data = model.input
+  first, costs = start or (0, 0.0)
+  if start is None:
+    session.run(model.reset_state)
+  iters = sum(data.num_steps * data.steps_in_call(c) for c in range(first))
   fetches = {"cost": model.cost, "state": model.update_state}
   if eval_op is not None:
     fetches["eval_op"] = eval_op
-  data = model.input
   # The original printed when step % (epoch_size // 10) == 10, which divides
   # by zero below ten steps and prints nothing below 110; this keeps its
   # cadence on long epochs and still prints about ten lines on short ones.
   every = max(1, data.epoch_size // 10)
   words_per_window = data.batch_size * data.num_towers * data.num_steps
-  for step in range(data.num_calls):
-    vals = session.run(fetches)
-    costs += vals["cost"]
+  for step in range(first, data.num_calls):
+    cost = session.run(fetches)["cost"]
+    costs += cost
     iters += data.num_steps * data.steps_in_call(step)
+    if on_step is not None:
+      on_step(step, cost, costs)
     if verbose and step % every == 10 % every:
       print("%.3f perplexity: %.3f speed: %.0f wps" %
             (step * 1.0 / data.epoch_size, np.exp(costs / iters),
-             (step + 1) * words_per_window / (time.time() - start_time)),
-            flush=True)
+             (step + 1 - first) * words_per_window /
+             (time.time() - start_time)), flush=True)
   return np.exp(costs / iters)
 
 
@@ -649,15 +686,23 @@ def apply_overrides(config, overrides):
   return changed
 
 
+# Upper bounds that no machine of today trains within a lifetime: a value
+# above them is a typo (an extra zero or two), not a benchmark.
+_MAX_INTS = {"num_layers": 1000, "num_steps": 100000, "hidden_size": 100000,
+             "max_epoch": 1000000, "max_max_epoch": 1000000,
+             "batch_size": 1000000, "vocab_size": 100000000}
+
+
 def validate_config(config):
   """Refuses values that cannot train, with the field named."""
-  positive_ints = ("num_layers", "num_steps", "hidden_size", "max_epoch",
-                   "max_max_epoch", "batch_size", "vocab_size")
-  for name in positive_ints:
+  for name, limit in _MAX_INTS.items():
     value = getattr(config, name)
     if not isinstance(value, int) or value <= 0:
       raise UserError("config %s=%r must be a positive integer"
                       % (name, value), exit_code=2)
+    if value > limit:
+      raise UserError("config %s=%d is absurdly large (more than %d)"
+                      % (name, value, limit), exit_code=2)
   for name in ("init_scale", "learning_rate", "max_grad_norm", "lr_decay"):
     value = getattr(config, name)
     if not value > 0 or not np.isfinite(value):
@@ -666,6 +711,21 @@ def validate_config(config):
   if not 0 < config.keep_prob <= 1:
     raise UserError("config keep_prob=%r must be in (0, 1]" % config.keep_prob,
                     exit_code=2)
+
+
+def resolve_config(model, rnn_mode, num_gpus, overrides):
+  """The config a run uses: model, rnn_mode flag, CPU default, overrides."""
+  config = get_config(model, rnn_mode)
+  if rnn_mode is None and num_gpus == 0:
+    # On the CPU the hand-batched BASIC cell trains fastest (see README,
+    # "Performance"); the configs keep BLOCK, the GPU default.
+    config.rnn_mode = CPU_RNN_MODE
+  if overrides:
+    changed = apply_overrides(config, overrides)
+    print("Config overrides: %s" % ", ".join("%s=%s" % kv
+                                             for kv in changed.items()))
+  validate_config(config)
+  return config
 
 
 def check_devices(num_gpus, rnn_mode, cpu_towers):
@@ -698,79 +758,335 @@ def session_config(devices, intra_op_threads, inter_op_threads):
       allow_soft_placement=False)
 
 
+def build_model(name, is_training, config, data, devices, use_fp16=False,
+                steps_per_call=1, reuse=False):
+  """Builds one PTBInput and PTBModel under `name` ("Train", "Valid", ...).
+
+  The weights live in the variable scope "Model": the first model creates
+  them (reuse=False), the others share them.
+  """
+  initializer = tf.compat.v1.random_uniform_initializer(
+      -config.init_scale, config.init_scale)
+  with tf.compat.v1.name_scope(name):
+    input_ = PTBInput(config=config, data=data, name=name + "Input",
+                      num_towers=len(devices), steps_per_call=steps_per_call)
+    with tf.compat.v1.variable_scope("Model", reuse=reuse,
+                                     initializer=initializer):
+      return PTBModel(is_training=is_training, config=config, input_=input_,
+                      devices=devices, use_fp16=use_fp16)
+
+
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll):
   """Builds the Train, Valid and Test models, sharing one set of variables.
+
+  Validation and test run `eval_unroll // num_steps` windows per session
+  call (an in-graph unroll over consecutive windows, state carried inside):
+  the same numbers as one window per call, in far fewer calls.
 
   Returns:
     A dict with the models under "train", "valid" and "test".
   """
   train_data, valid_data, test_data = data
-  initializer = tf.compat.v1.random_uniform_initializer(
-      -config.init_scale, config.init_scale)
-  models = {}
-  specs = (("train", "Train", True, config, train_data, devices),
-           ("valid", "Valid", False, config, valid_data, devices[:1]),
-           ("test", "Test", False, eval_config, test_data, devices[:1]))
-  for key, name, is_training, cfg, ids, devs in specs:
-    with tf.compat.v1.name_scope(name):
-      steps_per_call = 1 if is_training else max(1, eval_unroll // cfg.num_steps)
-      input_ = PTBInput(config=cfg, data=ids, name=name + "Input",
-                        num_towers=len(devs), steps_per_call=steps_per_call)
-      with tf.compat.v1.variable_scope("Model", reuse=bool(models),
-                                       initializer=initializer):
-        models[key] = PTBModel(is_training=is_training, config=cfg,
-                               input_=input_, devices=devs, use_fp16=use_fp16)
-  return models
+  return {
+      "train": build_model("Train", True, config, train_data, devices,
+                           use_fp16),
+      "valid": build_model("Valid", False, config, valid_data, devices[:1],
+                           use_fp16, max(1, eval_unroll // config.num_steps),
+                           reuse=True),
+      "test": build_model("Test", False, eval_config, test_data, devices[:1],
+                          use_fp16, max(1, eval_unroll // eval_config.num_steps),
+                          reuse=True),
+  }
+
+
+class Progress(object):
+  """Where training is, kept in variables so that checkpoints carry it.
+
+  epoch: epochs completed; step: training calls done in the epoch after them
+  (the epoch size once its training pass is done); costs: the summed cost of
+  those calls, so a resumed epoch prints the same train perplexity.
+  """
+
+  def __init__(self):
+    with tf.compat.v1.variable_scope("Progress"):
+      self._vars = [
+          tf.compat.v1.Variable(0, dtype=tf.int64, trainable=False,
+                                name="epoch"),
+          tf.compat.v1.Variable(0, dtype=tf.int64, trainable=False,
+                                name="epoch_step"),
+          tf.compat.v1.Variable(0.0, dtype=tf.float64, trainable=False,
+                                name="epoch_costs")]
+      self._values = [tf.compat.v1.placeholder(v.dtype, []) for v in self._vars]
+      self._assign = tf.group(*[v.assign(p)
+                                for v, p in zip(self._vars, self._values)])
+
+  def set(self, session, epoch, step, costs):
+    session.run(self._assign, dict(zip(self._values, (epoch, step, costs))))
+
+  def get(self, session):
+    epoch, step, costs = session.run(self._vars)
+    return int(epoch), int(step), float(costs)
+
+
+class Checkpointer(object):
+  """Saves and restores a run in `save_path`, refusing foreign checkpoints."""
+
+  def __init__(self, save_path, var_list):
+    self._save_path = save_path
+    self._var_list = var_list
+    self._saver = tf.compat.v1.train.Saver(var_list, max_to_keep=2,
+                                           save_relative_paths=True)
+
+  @staticmethod
+  def check_writable(save_path):
+    """Creates `save_path` if needed and proves a file can be written there."""
+    try:
+      os.makedirs(save_path, exist_ok=True)
+      probe = os.path.join(save_path, ".write_test.%d" % os.getpid())
+      with open(probe, "w") as f:
+        f.write("ok")
+      os.remove(probe)
+    except OSError as e:
+      raise UserError("--save_path=%s cannot be written: %s"
+                      % (save_path, e.strerror or e)) from None
+
+  def latest(self):
+    return tf.train.latest_checkpoint(self._save_path)
+
+  def check_compatible(self, ckpt):
+    """Raises UserError naming the first variable whose shape differs."""
+    shapes = tf.train.load_checkpoint(ckpt).get_variable_to_shape_map()
+    ours = {v.op.name: v.shape.as_list() for v in self._var_list}
+    for name in sorted(set(shapes) | set(ours)):
+      theirs, here = shapes.get(name), ours.get(name)
+      if theirs != here:
+        raise UserError(
+            "--save_path=%s holds a checkpoint of another configuration: %s "
+            "is %s there and %s here (hidden_size, num_layers, vocab_size, "
+            "batch_size, num_steps and the number of towers must match); use "
+            "another --save_path" % (
+                self._save_path, name,
+                "absent" if theirs is None else theirs,
+                "absent" if here is None else here))
+
+  def restore(self, session):
+    """Restores the latest checkpoint, if any; returns its path or None."""
+    ckpt = self.latest()
+    if ckpt:
+      self.check_compatible(ckpt)
+      self._saver.restore(session, ckpt)
+    return ckpt
+
+  def save(self, session, global_step):
+    # Saver writes into temporary files and renames them, and moves the
+    # `checkpoint` pointer only afterwards: a crash mid-save leaves the
+    # previous checkpoint usable.
+    return self._saver.save(session, os.path.join(self._save_path,
+                                                  "model.ckpt"),
+                            global_step=global_step)
+
+
+class SignalCatcher(object):
+  """Turns SIGINT/SIGTERM into a flag that the training loop polls.
+
+  A signal never interrupts a session call or a checkpoint write half-way:
+  the loop notices it after the step, saves, and stops.
+  """
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {}
+
+  def _handle(self, signum, _):
+    self.signum = signum
+
+  def __enter__(self):
+    for sig in self.SIGNALS:
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
 
 
 def train(config, eval_config, data, devices, options):
-  """Trains, validates and tests; prints the SPEC lines."""
+  """Trains, validates and tests; prints the SPEC lines.
+
+  Args:
+    config, eval_config: the training and the test configs.
+    data: (train_ids, valid_ids, test_ids).
+    devices: training tower devices.
+    options: dict of plain values from the flags (see main).
+  """
+  save_path = options["save_path"]
+  sampler = options.get("sampler")
+  summary = options.get("summary") or {}
   with tf.Graph().as_default():
     if options["seed"] is not None:
       tf.compat.v1.set_random_seed(options["seed"])
     models = build_models(config, eval_config, data, devices,
                           options["use_fp16"], options["eval_unroll"])
     m, mvalid, mtest = models["train"], models["valid"], models["test"]
-    save_path = options["save_path"]
-    saver = tf.compat.v1.train.Saver(tf.compat.v1.global_variables(),
-                                     max_to_keep=2)
-    writer = (tf.compat.v1.summary.FileWriter(save_path)
-              if save_path else None)
+    progress = Progress()
+    global_step = tf.compat.v1.train.get_global_step()
+    weights_finite = tf.reduce_all([
+        tf.reduce_all(tf.math.is_finite(v))
+        for v in tf.compat.v1.trainable_variables()])
+    checkpointer = None
+    if save_path:
+      Checkpointer.check_writable(save_path)
+      # The training pass's LSTM state and data position are saved too, so
+      # a run resumed mid-epoch continues exactly where it stopped.
+      checkpointer = Checkpointer(
+          save_path, tf.compat.v1.global_variables() + m.state_variables +
+          [m.input.position])
     sess_config = session_config(devices, options["intra_op_threads"],
                                  options["inter_op_threads"])
-    with tf.compat.v1.Session(config=sess_config) as session:
+    with tf.compat.v1.Session(config=sess_config) as session, \
+        SignalCatcher() as signals:
       session.run([tf.compat.v1.global_variables_initializer(),
                    tf.compat.v1.local_variables_initializer()])
-      ckpt = save_path and tf.train.latest_checkpoint(save_path)
-      if ckpt:
-        saver.restore(session, ckpt)
-      global_step = tf.compat.v1.train.get_global_step()
-      for i in range(config.max_max_epoch):
-        lr_decay = config.lr_decay ** max(i + 1 - config.max_epoch, 0.0)
-        m.assign_lr(session, config.learning_rate * lr_decay)
+      first_epoch, first_step, first_costs = 0, 0, 0.0
+      if checkpointer and checkpointer.restore(session):
+        first_epoch, first_step, first_costs = progress.get(session)
+        print("Resuming from epoch %d step %d of %s"
+              % (first_epoch + 1, first_step, save_path), flush=True)
+      # Created only now, so that a refused checkpoint leaves the directory
+      # exactly as it was.
+      writer = (tf.compat.v1.summary.FileWriter(save_path)
+                if save_path else None)
+      where = {"phase": "train", "epoch": first_epoch + 1, "step": 0,
+               "costs": 0.0}
 
-        print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
-        train_perplexity = run_epoch(session, m, eval_op=m.train_op,
-                                     verbose=True)
-        print("Epoch: %d Train Perplexity: %.3f" % (i + 1, train_perplexity))
-        valid_perplexity = run_epoch(session, mvalid)
-        print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
-        if writer:
-          step = session.run(global_step)
-          _write_scalars(writer, step, {
-              "Training Loss": np.log(train_perplexity) * config.num_steps,
-              "Learning Rate": config.learning_rate * lr_decay,
-              "Validation Loss": np.log(valid_perplexity) * config.num_steps})
+      def save(epoch, step, costs):
+        # A finite cost does not prove that the update after it was finite.
+        if not session.run(weights_finite):
+          raise UserError("training diverged in epoch %d: the weights are not "
+                          "finite; the last good checkpoint in %s is kept"
+                          % (where["epoch"], save_path))
+        progress.set(session, epoch, step, costs)
+        return checkpointer.save(session, global_step)
 
-      test_perplexity = run_epoch(session, mtest)
+      def interrupted():
+        what = signal.Signals(signals.signum).name
+        if checkpointer is None:
+          saved = "nothing saved (no --save_path)"
+        elif where["phase"] == "train":
+          saved = "checkpoint saved to %s" % save(
+              where["epoch"] - 1, where["step"] + 1, where["costs"])
+        elif where["phase"] == "valid":
+          saved = "checkpoint saved to %s" % save(
+              where["epoch"] - 1, m.input.num_calls, where["train_costs"])
+        else:
+          saved = "the checkpoint of the last epoch is in %s" % save_path
+        return Stop("interrupted by %s in the %s pass of epoch %d at step %d "
+                    "(%s); run the same command to resume"
+                    % (what, where["phase"], where["epoch"], where["step"],
+                       saved), 128 + signals.signum)
+
+      def on_step(step, cost, costs):
+        where["step"], where["costs"] = step, costs
+        if sampler is not None:
+          sampler.set_phase(where["phase"], where["epoch"], step)
+        if signals.signum is not None:
+          raise interrupted()
+        if where["phase"] != "train":
+          return
+        if not np.isfinite(cost):
+          raise UserError(
+              "training diverged at epoch %d step %d: the cost is %s; %s"
+              % (where["epoch"], step + 1, cost,
+                 "the last good checkpoint in %s is kept" % save_path
+                 if save_path else "nothing was saved (no --save_path)"))
+        every = options.get("save_every_steps")
+        if checkpointer and every and (step + 1) % every == 0:
+          save(where["epoch"] - 1, step + 1, costs)
+
+      try:
+        for i in range(first_epoch, config.max_max_epoch):
+          epoch_start = time.time()
+          lr_decay = config.lr_decay ** max(i + 1 - config.max_epoch, 0.0)
+          m.assign_lr(session, config.learning_rate * lr_decay)
+
+          print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
+          where.update(phase="train", epoch=i + 1, step=0, costs=0.0)
+          resume = ((first_step, first_costs)
+                    if i == first_epoch and first_step else None)
+          train_perplexity = run_epoch(session, m, eval_op=m.train_op,
+                                       verbose=True, start=resume,
+                                       on_step=on_step)
+          train_seconds = time.time() - epoch_start
+          print("Epoch: %d Train Perplexity: %.3f" % (i + 1, train_perplexity))
+          where.update(phase="valid", step=0,
+                       train_costs=(np.log(train_perplexity) *
+                                    m.input.epoch_size * m.input.num_steps))
+          valid_start = time.time()
+          valid_perplexity = run_epoch(session, mvalid, on_step=on_step)
+          print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
+          if checkpointer:
+            save(i + 1, 0, 0.0)
+          if writer:
+            _write_scalars(writer, session.run(global_step), {
+                "Training Loss": np.log(train_perplexity) * config.num_steps,
+                "Learning Rate": config.learning_rate * lr_decay,
+                "Validation Loss": np.log(valid_perplexity) * config.num_steps})
+          summary.setdefault("epochs", []).append({
+              "epoch": i + 1,
+              "learning_rate": config.learning_rate * lr_decay,
+              "train_perplexity": float(train_perplexity),
+              "valid_perplexity": float(valid_perplexity),
+              "train_wps": _epoch_words(m, resume) / train_seconds,
+              "train_seconds": train_seconds,
+              "valid_seconds": time.time() - valid_start})
+          _publish(summary, options, status="running")
+
+        where.update(phase="test", epoch=config.max_max_epoch, step=0)
+        test_perplexity = run_epoch(session, mtest, on_step=on_step)
+      except Stop as e:
+        _publish(summary, options, status=("failed" if isinstance(
+            e, UserError) else "interrupted"))
+        raise
       print("Test Perplexity: %.3f" % test_perplexity)
+      summary["test_perplexity"] = float(test_perplexity)
+      _print_peak_memory(devices)
 
       if save_path:
         print("Saving model to %s." % save_path)
-        saver.save(session, os.path.join(save_path, "model.ckpt"),
-                   global_step=global_step)
-    if writer:
-      writer.close()
+        checkpointer.save(session, global_step)
+      _publish(summary, options, status="finished")
+      if writer:
+        writer.close()
+
+
+def _epoch_words(model, resume):
+  """Words the training pass processed in this process (not before resume)."""
+  data = model.input
+  done = resume[0] if resume else 0
+  return ((data.num_calls - done) * data.batch_size * data.num_towers *
+          data.num_steps)
+
+
+def _print_peak_memory(devices):
+  print("Peak RSS: %.0f MiB" % monitor.peak_rss_mib())
+  for device in devices:
+    if device.startswith("/gpu"):
+      name = "GPU:%s" % device.split(":")[-1]
+      peak = tf.config.experimental.get_memory_info(name)["peak"]
+      print("Peak GPU memory: %.0f MiB (%s)" % (peak / 2**20, name))
+
+
+def _publish(summary, options, status):
+  """Rewrites the --summary_json file (atomically), if one was asked for."""
+  path = options.get("summary_json")
+  if not path:
+    return
+  summary["status"] = status
+  summary["wall_seconds"] = time.time() - options["start_time"]
+  summary["peak_rss_mib"] = monitor.peak_rss_mib()
+  monitor.write_json_atomic(path, summary)
 
 
 def _write_scalars(writer, step, values):
@@ -781,61 +1097,92 @@ def _write_scalars(writer, step, values):
   writer.flush()
 
 
-def load_data(data_path, config):
-  """Reads the corpus; checks it fits the config. Returns the three id lists."""
+def load_data(data_path, config, num_towers=1):
+  """Reads the corpus; checks it fits the config. Returns the three id lists.
+
+  Every check happens here, before anything is built or written.
+  """
   try:
     train_data, valid_data, test_data, vocab_size = reader.ptb_raw_data(
         data_path)
+    if vocab_size > config.vocab_size:
+      raise UserError(
+          "the training corpus has %d distinct words but the config's "
+          "vocab_size is %d: raise vocab_size (e.g. --config_overrides="
+          "vocab_size=%d) or use a smaller corpus"
+          % (vocab_size, config.vocab_size, vocab_size))
+    for name, ids, rows, steps in (
+        ("ptb.train.txt", train_data, config.batch_size * num_towers,
+         config.num_steps),
+        ("ptb.valid.txt", valid_data, config.batch_size, config.num_steps),
+        ("ptb.test.txt", test_data, 1, 1)):
+      reader.check_epoch_size(len(ids), rows, steps, name)
   except reader.DataError as e:
     raise UserError(str(e)) from None
-  if vocab_size > config.vocab_size:
-    raise UserError(
-        "the training corpus has %d distinct words but the config's "
-        "vocab_size is %d: raise vocab_size (e.g. --config_overrides="
-        "vocab_size=%d) or use a smaller corpus"
-        % (vocab_size, config.vocab_size, vocab_size))
   return train_data, valid_data, test_data
 
 
 def main(_):
+  start_time = time.time()
   if not FLAGS.data_path:
     raise UserError("Must set --data_path to PTB data directory "
                     "(simple-examples/data)", exit_code=2)
-  config = get_config(FLAGS.model, FLAGS.rnn_mode)
-  if FLAGS.rnn_mode is None and FLAGS.num_gpus == 0:
-    # On the CPU the hand-batched BASIC cell trains fastest (see README,
-    # "Performance"); the configs keep BLOCK, the GPU default.
-    config.rnn_mode = CPU_RNN_MODE
-  if FLAGS.config_overrides:
-    changed = apply_overrides(config, FLAGS.config_overrides)
-    print("Config overrides: %s" % ", ".join(
-        "%s=%s" % kv for kv in changed.items()))
-  validate_config(config)
+  config = resolve_config(FLAGS.model, FLAGS.rnn_mode, FLAGS.num_gpus,
+                          FLAGS.config_overrides)
   devices = check_devices(FLAGS.num_gpus, config.rnn_mode, FLAGS.cpu_towers)
+  if FLAGS.save_every_steps < 0:
+    raise UserError("--save_every_steps=%d must be 0 or more"
+                    % FLAGS.save_every_steps, exit_code=2)
+  if not FLAGS.memory_interval > 0:
+    raise UserError("--memory_interval=%s must be positive"
+                    % FLAGS.memory_interval, exit_code=2)
   eval_config = get_config(FLAGS.model)
   for name, value in config_fields(config).items():
     setattr(eval_config, name, value)
   eval_config.batch_size = 1
   eval_config.num_steps = 1
 
-  data = load_data(FLAGS.data_path, config)
   options = {"save_path": FLAGS.save_path, "use_fp16": FLAGS.use_fp16,
              "intra_op_threads": FLAGS.intra_op_threads,
              "inter_op_threads": FLAGS.inter_op_threads,
-             "eval_unroll": FLAGS.eval_unroll, "seed": FLAGS.seed}
+             "eval_unroll": FLAGS.eval_unroll, "seed": FLAGS.seed,
+             "save_every_steps": FLAGS.save_every_steps,
+             "summary_json": FLAGS.summary_json, "start_time": start_time,
+             "summary": {
+                 "command": list(sys.argv), "model": FLAGS.model,
+                 "rnn_mode": config.rnn_mode.upper(),
+                 "config": config_fields(config),
+                 "tensorflow_version": tf.__version__,
+                 "python_version": platform.python_version(),
+                 "devices": devices, "epochs": [], "test_perplexity": None}}
+  sampler = None
+  if FLAGS.memory_log:
+    gpus = [d.replace("/gpu", "GPU") for d in devices if d.startswith("/gpu")]
+    sampler = monitor.MemorySampler(
+        FLAGS.memory_log, FLAGS.memory_interval,
+        gpu_memory_fn=tf.config.experimental.get_memory_info, gpu_names=gpus)
+    sampler.start()
+  options["sampler"] = sampler
   try:
+    data = load_data(FLAGS.data_path, config, len(devices))
     train(config, eval_config, data, devices, options)
   except reader.DataError as e:
     raise UserError(str(e)) from None
+  finally:
+    if sampler is not None:
+      sampler.stop()
 
 
-def run_main(argv=None):
+def run_main(main_fn=None):
   """Entry point: graph mode, and user errors as one line without traceback."""
   tf.compat.v1.disable_eager_execution()
+  # Saver's "Restoring parameters" INFO lines are noise next to ours.
+  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
   try:
-    app.run(main, argv=argv)
-  except UserError as e:
-    print("%s: error: %s" % (os.path.basename(sys.argv[0]), e),
+    app.run(main_fn or main)
+  except Stop as e:
+    print("%s: %s%s" % (os.path.basename(sys.argv[0]),
+                        "error: " if isinstance(e, UserError) else "", e),
           file=sys.stderr)
     sys.exit(e.exit_code)
 

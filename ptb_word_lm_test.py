@@ -251,6 +251,7 @@ LINE_FORMATS = [
     r"Epoch: \d+ Train Perplexity: \d+\.\d{3}",
     r"Epoch: \d+ Valid Perplexity: \d+\.\d{3}",
     r"Test Perplexity: \d+\.\d{3}",
+    r"Peak RSS: \d+ MiB",
     r"Saving model to .+\.",
 ]
 
@@ -273,7 +274,8 @@ class CommandLineTest(tf.test.TestCase):
       progress = [l for l in lines if "wps" in l]
       self.assertBetween(len(progress), 8, 12)
       self.assertEqual(lines[0], "Epoch: 1 Learning rate: 1.000")
-      self.assertRegex(lines[-2], r"Test Perplexity: ")
+      self.assertRegex(lines[-3], r"Test Perplexity: ")
+      self.assertRegex(lines[-2], r"Peak RSS: ")
       self.assertEqual(lines[-1], "Saving model to %s." % save)
       events = [f for f in os.listdir(save) if f.startswith("events.")]
       self.assertNotEmpty(events)
@@ -298,7 +300,7 @@ class CommandLineTest(tf.test.TestCase):
     code, out, err = run_script("--data_path=" + PTB_PATH, "--model=test",
                                 "--num_gpus=0")
     self.assertEqual(code, 0, err)
-    last = out.splitlines()[-1]
+    last = out.splitlines()[-2]
     match = re.fullmatch(r"Test Perplexity: (\d+\.\d{3})", last)
     self.assertIsNotNone(match, last)
     self.assertTrue(np.isfinite(float(match.group(1))))

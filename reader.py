@@ -153,13 +153,45 @@ def chunk_windows(raw_data, batch_size, num_steps, steps_per_call=1):
   return calls(x), calls(y), calls(w)
 
 
-def _cycle(arrays, name):
-  """Yields `arrays[k][i]` for i = 0, 1, ..., wrapping around, as tensors."""
-  with tf.compat.v1.name_scope(name, "PTBProducer"):
-    dataset = tf.data.Dataset.from_tensor_slices(arrays).repeat()
-    # Prefetch keeps the slicing off the training step's critical path.
-    dataset = dataset.prefetch(2)
-    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+Producer = collections.namedtuple(
+    "Producer", ("x", "y", "weights", "position", "num_calls"))
+
+
+def producer(raw_data, batch_size, num_steps, steps_per_call=1,
+             with_weights=None, name=None):
+  """Builds the tensors that deliver one call of windows per evaluation.
+
+  The windows are those of chunk_windows. Which call comes next is held in a
+  local int64 variable, `position` (calls served so far; call
+  `position % num_calls` comes next), so that a run can save where it is and
+  resume there.
+
+  Args:
+    with_weights: deliver the weights too; by default only when
+      steps_per_call > 1 (with one window a call there is no padding).
+
+  Returns:
+    A Producer: x, y (int32) and weights (float32, or None), each `[batch_size, steps_per_call * num_steps]`;
+    the position variable; the number of calls in an epoch.
+
+  Raises:
+    DataError: epoch_size == 0.
+  """
+  x, y, w = chunk_windows(raw_data, batch_size, num_steps, steps_per_call)
+  num_calls = x.shape[0]
+  if with_weights is None:
+    with_weights = steps_per_call > 1
+  # The corpus stays in host memory; only one call's slice moves per step.
+  with tf.compat.v1.name_scope(name, "PTBProducer"), tf.device("/cpu:0"):
+    position = tf.compat.v1.Variable(
+        tf.constant(0, tf.int64), trainable=False, name="position",
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    served = position.assign_add(1, read_value=True)
+    i = tf.math.floormod(served - 1, num_calls)
+    tensors = [tf.gather(tf.constant(a), i)
+               for a in ((x, y, w) if with_weights else (x, y))]
+  weights = tensors[2] if with_weights else None
+  return Producer(tensors[0], tensors[1], weights, position, num_calls)
 
 
 def ptb_producer(raw_data, batch_size, num_steps, name=None):
@@ -174,13 +206,13 @@ def ptb_producer(raw_data, batch_size, num_steps, name=None):
   Returns:
     A pair of int32 tensors (x, y), each `[batch_size, num_steps]`. Each
     evaluation yields the next window, cycling over the epoch forever; y is
-    x shifted right by one.
+    x shifted right by one. Initialise local variables before the first call.
 
   Raises:
     DataError: epoch_size == 0 for this batch_size and num_steps.
   """
-  x, y, _ = chunk_windows(raw_data, batch_size, num_steps)
-  return _cycle((x, y), name)
+  p = producer(raw_data, batch_size, num_steps, name=name)
+  return p.x, p.y
 
 
 def ptb_chunk_producer(raw_data, batch_size, num_steps, steps_per_call,
@@ -195,5 +227,6 @@ def ptb_chunk_producer(raw_data, batch_size, num_steps, steps_per_call,
     `[batch_size, steps_per_call * num_steps]`; weights are 0 on the padding
     of the epoch's last call (see chunk_windows).
   """
-  return _cycle(chunk_windows(raw_data, batch_size, num_steps, steps_per_call),
-                name)
+  p = producer(raw_data, batch_size, num_steps, steps_per_call,
+               with_weights=True, name=name)
+  return p.x, p.y, p.weights

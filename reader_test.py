@@ -22,6 +22,7 @@ def _write(directory, name, content, mode="w"):
 def _evaluate(tensors, times):
   """Evaluates `tensors` `times` times in a fresh session."""
   with tf.compat.v1.Session() as session:
+    session.run(tf.compat.v1.local_variables_initializer())
     return [session.run(tensors) for _ in range(times)]
 
 

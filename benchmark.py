@@ -1,0 +1,135 @@
+"""Training-speed benchmark of the PTB LSTM, against the machine's own limit.
+
+Builds the very training graph ptb_word_lm.py trains (same functions), runs
+warm-up steps and timed steps on the real data, and prints per combination
+of --model and --rnn_mode: words per second, the analytic training FLOPs per
+word, the achieved GFLOP/s, the float32 matrix-multiply ceiling TensorFlow
+reaches in this process, their ratio (model FLOP utilisation) and peak RSS.
+
+  python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
+      --num_gpus=0 --steps=60 --warmup=5
+
+The last line printed is `wps: N` for the last combination.
+"""
+
+import json
+import resource
+import time
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+import ptb_word_lm
+import reader
+
+flags.DEFINE_integer("steps", 60, "Timed training steps per combination.")
+flags.DEFINE_integer("warmup", 5, "Untimed training steps first.")
+flags.DEFINE_string("output_json", None, "Also write the figures here.")
+
+FLAGS = flags.FLAGS
+
+
+def train_flops_per_word(config):
+  """Matrix-multiply FLOPs of one training word: forward, then twice that.
+
+  Per layer the gates are `[input + hidden] x [4 * hidden]` (input = hidden
+  here), the softmax `[hidden] x [vocab]`; the backward pass costs two such
+  products per forward one. Elementwise work is left out.
+  """
+  h = config.hidden_size
+  forward = config.num_layers * 2 * (2 * h) * (4 * h) + 2 * h * config.vocab_size
+  return 3 * forward
+
+
+def matmul_ceiling(session_config, size=2048, seconds=2.0):
+  """GFLOP/s of float32 `size`^3 matrix multiplies in TensorFlow, here."""
+  with tf.Graph().as_default():
+    a = tf.Variable(tf.random.uniform([size, size]))
+    b = tf.Variable(tf.random.uniform([size, size]))
+    # Distinct products, so that no graph optimisation merges them.
+    products = [tf.matmul(a * (1.0 + i), b)[0, 0] for i in range(4)]
+    with tf.compat.v1.Session(config=session_config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(products)
+      runs, start = 0, time.perf_counter()
+      while time.perf_counter() - start < seconds:
+        session.run(products)
+        runs += 1
+      elapsed = time.perf_counter() - start
+  return runs * len(products) * 2 * size ** 3 / elapsed / 1e9
+
+
+def peak_rss_mib():
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(model_name, rnn_mode, train_data, devices, session_config):
+  """Times training steps of one model/rnn_mode; returns the figures."""
+  config = ptb_word_lm.resolve_config(model_name, rnn_mode, FLAGS.num_gpus,
+                                      FLAGS.config_overrides)
+  ptb_word_lm.check_devices(FLAGS.num_gpus, config.rnn_mode, FLAGS.cpu_towers)
+  with tf.Graph().as_default():
+    if FLAGS.seed is not None:
+      tf.compat.v1.set_random_seed(FLAGS.seed)
+    model = ptb_word_lm.build_model("Train", True, config, train_data, devices,
+                                    FLAGS.use_fp16)
+    with tf.compat.v1.Session(config=session_config) as session:
+      session.run([tf.compat.v1.global_variables_initializer(),
+                   tf.compat.v1.local_variables_initializer()])
+      model.assign_lr(session, config.learning_rate)
+      fetches = [model.cost, model.train_op, model.update_state]
+      for _ in range(FLAGS.warmup):
+        session.run(fetches)
+      start = time.perf_counter()
+      for _ in range(FLAGS.steps):
+        cost = session.run(fetches)[0]
+      elapsed = time.perf_counter() - start
+  words = FLAGS.steps * config.batch_size * config.num_steps * len(devices)
+  wps = words / elapsed
+  flops = train_flops_per_word(config)
+  return {"model": model_name, "rnn_mode": config.rnn_mode.upper(),
+          "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
+          "last_cost": float(cost), "train_flops_per_word": flops,
+          "gflops": wps * flops / 1e9}
+
+
+def main(_):
+  if not FLAGS.data_path:
+    raise ptb_word_lm.UserError("Must set --data_path to PTB data directory",
+                                exit_code=2)
+  models = [m.strip() for m in FLAGS.model.split(",") if m.strip()]
+  modes = ([m.strip() for m in FLAGS.rnn_mode.split(",") if m.strip()]
+           if FLAGS.rnn_mode else [None])
+  devices = ptb_word_lm.check_devices(
+      FLAGS.num_gpus, ptb_word_lm.parse_rnn_mode(modes[0] or "basic"),
+      FLAGS.cpu_towers)
+  session_config = ptb_word_lm.session_config(
+      devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
+  try:
+    train_data = reader.ptb_raw_data(FLAGS.data_path)[0]
+  except reader.DataError as e:
+    raise ptb_word_lm.UserError(str(e)) from None
+  ceiling = matmul_ceiling(session_config)
+  results = []
+  for model_name in models:
+    for mode in modes:
+      r = measure(model_name, mode, train_data, devices, session_config)
+      r.update(ceiling_gflops=ceiling, mfu=r["gflops"] / ceiling,
+               peak_rss_mib=peak_rss_mib())
+      results.append(r)
+      print("model=%(model)s rnn_mode=%(rnn_mode)s wps=%(wps).0f "
+            "train_flops_per_word=%(train_flops_per_word).4g "
+            "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
+            "mfu=%(mfu).3f peak_rss_mib=%(peak_rss_mib).0f" % r, flush=True)
+  if FLAGS.output_json:
+    with open(FLAGS.output_json, "w") as f:
+      json.dump({"tensorflow": tf.__version__, "devices": devices,
+                 "intra_op_threads": FLAGS.intra_op_threads,
+                 "inter_op_threads": FLAGS.inter_op_threads,
+                 "results": results}, f, indent=2)
+  print("wps: %.0f" % results[-1]["wps"])
+
+
+if __name__ == "__main__":
+  ptb_word_lm.run_main(main)

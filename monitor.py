@@ -1,0 +1,242 @@
+"""Process memory instrumentation for training runs.
+
+Standard library only: importing this module loads neither TensorFlow nor
+matplotlib, so it can measure a process before either is imported.
+
+  with monitor.MemorySampler("memory.csv") as sampler:
+    sampler.set_phase("train", epoch, step)
+    ...
+  monitor.write_json_atomic("summary.json", {"peak_rss_mib": ...})
+"""
+
+import csv
+import json
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+
+_MIB = 1024.0 * 1024.0
+
+# Columns every memory log has; GPU columns follow them.
+BASE_COLUMNS = ("seconds", "rss_mib", "phase", "epoch", "step")
+
+
+def _statm_rss_mib():
+  """Returns the RSS from /proc/self/statm in MiB, or None without /proc."""
+  try:
+    with open("/proc/self/statm", "rb") as f:
+      resident_pages = int(f.read().split()[1])
+  except (OSError, IndexError, ValueError):
+    return None
+  return resident_pages * os.sysconf("SC_PAGE_SIZE") / _MIB
+
+
+def _rusage_peak_mib():
+  """Returns getrusage's peak RSS of this process in MiB."""
+  maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  # ru_maxrss is in KiB on Linux but in bytes on macOS.
+  if sys.platform == "darwin":
+    return maxrss / _MIB
+  return maxrss / 1024.0
+
+
+def current_rss_mib():
+  """Returns the resident set size of this process now, in MiB.
+
+  Where /proc is missing (not Linux) this falls back to the peak RSS, the
+  only figure getrusage offers.
+  """
+  rss = _statm_rss_mib()
+  return _rusage_peak_mib() if rss is None else rss
+
+
+def peak_rss_mib():
+  """Returns the peak resident set size of this process in MiB.
+
+  This is never below current_rss_mib(): the kernel's high-water mark can
+  lag the RSS that /proc/self/statm reports by a few pages.
+  """
+  return max(_rusage_peak_mib(), _statm_rss_mib() or 0.0)
+
+
+def write_json_atomic(path, obj):
+  """Writes `obj` as JSON to `path` so readers never see a partial file.
+
+  The JSON goes to a temporary file in the same directory (os.replace is
+  atomic only within one file system), is flushed to disk, then renamed
+  over `path`. A process killed at any point leaves either the old file or
+  the new one.
+
+  Args:
+    path: destination file.
+    obj: a JSON-serializable value.
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp_path = tempfile.mkstemp(
+      dir=directory, prefix="." + os.path.basename(path) + ".",
+      suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=2, sort_keys=False)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    # mkstemp creates files readable by the owner only; a run summary is no
+    # secret and others (plot tools, CI) should be able to read it.
+    os.chmod(tmp_path, 0o644)
+    os.replace(tmp_path, path)
+  except BaseException:
+    os.unlink(tmp_path)
+    raise
+
+
+def _column_prefix(gpu_name):
+  """Turns a device name such as "GPU:0" into a column prefix "gpu0"."""
+  return "".join(c for c in gpu_name.lower() if c.isalnum())
+
+
+class MemorySampler:
+  """Logs this process's RSS to a CSV file from a background thread.
+
+  One row `seconds,rss_mib,phase,epoch,step` is written at start, one every
+  `interval` seconds, and one at stop, each flushed at once so a killed run
+  keeps what it sampled. With GPUs, each adds the columns
+  `<gpu>_bytes_in_use,<gpu>_peak_bytes`.
+  """
+
+  def __init__(self, path, interval=2.0, gpu_memory_fn=None, gpu_names=()):
+    """Creates a sampler; nothing is opened until start().
+
+    Args:
+      path: CSV file to write (replaced if it exists).
+      interval: seconds between samples.
+      gpu_memory_fn: called as `gpu_memory_fn(name)` for each GPU name, it
+        returns `{"current": bytes, "peak": bytes}` like
+        tf.config.experimental.get_memory_info.
+      gpu_names: device names to pass to `gpu_memory_fn`, e.g. ("GPU:0",).
+
+    Raises:
+      ValueError: if `interval` is not positive, or GPUs are named without a
+        `gpu_memory_fn`.
+    """
+    if interval <= 0:
+      raise ValueError("interval must be positive, got %r" % (interval,))
+    gpu_names = tuple(gpu_names)
+    if gpu_names and gpu_memory_fn is None:
+      raise ValueError("gpu_names given without gpu_memory_fn")
+    self._path = path
+    self._interval = float(interval)
+    self._gpu_memory_fn = gpu_memory_fn
+    self._gpu_names = gpu_names
+    # One tuple, replaced whole, so the sampling thread never reads a phase
+    # from one step with an epoch or step from another.
+    self._position = ("startup", 0, 0)
+    self._stop_event = threading.Event()
+    self._thread = None
+    self._file = None
+    self._writer = None
+    self._start_time = None
+    self._peak_rss_mib = 0.0
+
+  @property
+  def columns(self):
+    """The CSV header, as a tuple of column names."""
+    columns = list(BASE_COLUMNS)
+    for name in self._gpu_names:
+      prefix = _column_prefix(name)
+      columns += [prefix + "_bytes_in_use", prefix + "_peak_bytes"]
+    return tuple(columns)
+
+  @property
+  def peak_rss_mib(self):
+    """The largest RSS sampled so far, in MiB."""
+    return self._peak_rss_mib
+
+  def set_phase(self, phase, epoch, step):
+    """Records what the program is doing, for the following rows.
+
+    Called on every training step, so it only assigns an attribute: no lock
+    and no I/O.
+
+    Args:
+      phase: a short name such as "train", "valid" or "test".
+      epoch: the current epoch number.
+      step: the current step within the phase.
+    """
+    self._position = (phase, epoch, step)
+
+  def start(self):
+    """Opens the file, writes the header and a first row, starts sampling.
+
+    Returns:
+      self, for chaining.
+
+    Raises:
+      RuntimeError: if the sampler was already started.
+    """
+    if self._file is not None or self._thread is not None:
+      raise RuntimeError("MemorySampler already started")
+    self._file = open(self._path, "w", newline="")
+    self._writer = csv.writer(self._file)
+    self._writer.writerow(self.columns)
+    self._start_time = time.monotonic()
+    # Written here rather than by the thread, so even a run shorter than
+    # one interval has a row from its start.
+    self._sample()
+    self._thread = threading.Thread(
+        target=self._run, name="MemorySampler", daemon=True)
+    self._thread.start()
+    return self
+
+  def stop(self):
+    """Stops sampling, writes a last row and closes the file.
+
+    Safe to call more than once, or without start().
+    """
+    if self._thread is not None:
+      self._stop_event.set()
+      self._thread.join()
+      self._thread = None
+    if self._file is not None:
+      # The thread has ended, so this row cannot interleave with its rows.
+      self._sample()
+      self._file.close()
+      self._file = None
+      self._writer = None
+
+  def __enter__(self):
+    return self.start()
+
+  def __exit__(self, exc_type, exc_value, traceback):
+    self.stop()
+    return False
+
+  def _run(self):
+    # Event.wait rather than time.sleep, so stop() ends the wait at once.
+    while not self._stop_event.wait(self._interval):
+      self._sample()
+
+  def _sample(self):
+    """Writes one row for the current moment."""
+    rss = current_rss_mib()
+    self._peak_rss_mib = max(self._peak_rss_mib, rss)
+    phase, epoch, step = self._position
+    row = ["%.3f" % (time.monotonic() - self._start_time), "%.1f" % rss,
+           phase, epoch, step]
+    for name in self._gpu_names:
+      row += self._gpu_row(name)
+    self._writer.writerow(row)
+    self._file.flush()
+
+  def _gpu_row(self, name):
+    """Returns `[bytes_in_use, peak_bytes]` for one GPU, empty if unknown."""
+    try:
+      info = self._gpu_memory_fn(name)
+      return [int(info["current"]), int(info["peak"])]
+    except Exception:  # pylint: disable=broad-except
+      # An exception here would end the sampling thread and with it the
+      # RSS log; a GPU whose memory cannot be read leaves its cells empty.
+      return ["", ""]

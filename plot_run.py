@@ -1,0 +1,369 @@
+"""Draws one PNG from a training run's summary JSON and memory CSV.
+
+  python plot_run.py --summary_json=run/summary.json \\
+      --memory_csv=run/memory.csv --output=run/run.png
+
+The top panel shows RSS over wall time with the run's phases shaded; below
+are training speed per epoch and perplexities per epoch. Summaries of runs
+that were killed (no epochs, no test perplexity) still plot.
+"""
+
+import csv
+import json
+import math
+import sys
+
+from absl import app
+from absl import flags
+
+flags.DEFINE_string("summary_json", None, "Run summary written by "
+                    "ptb_word_lm.py.")
+flags.DEFINE_string("memory_csv", None, "Memory log written by "
+                    "monitor.MemorySampler; optional.")
+flags.DEFINE_string("output", None, "PNG file to write.")
+flags.mark_flags_as_required(["summary_json", "output"])
+
+FLAGS = flags.FLAGS
+
+_PROGRAM = "plot_run.py"
+_MIB = 1024.0 * 1024.0
+_DPI = 120
+_FIGSIZE = (11, 9)
+
+_PHASE_COLORS = {
+    "startup": "#d9d9d9",
+    "train": "#c6dbef",
+    "valid": "#fdd0a2",
+    "test": "#c7e9c0",
+}
+# For phases the tool does not know, so they are still told apart.
+_EXTRA_PHASE_COLORS = ("#dadaeb", "#fcbba1", "#f6e8c3", "#c7eae5")
+_GPU_SUFFIX = "_bytes_in_use"
+
+
+class InputError(Exception):
+  """An input file is missing or cannot be parsed."""
+
+
+def _pyplot():
+  """Imports pyplot with a file-only backend.
+
+  Imported here rather than at the top so that a bad input is reported
+  without paying matplotlib's import, or its first-run font-cache message.
+  """
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def load_summary(path):
+  """Reads the run summary JSON into a dict.
+
+  Raises:
+    InputError: if the file is unreadable or not a JSON object.
+  """
+  try:
+    with open(path) as f:
+      summary = json.load(f)
+  except (OSError, ValueError) as e:
+    raise InputError("cannot read summary JSON %s: %s" % (path, e)) from e
+  if not isinstance(summary, dict):
+    raise InputError("summary JSON %s is not an object" % path)
+  return summary
+
+
+def load_memory_csv(path):
+  """Reads a MemorySampler CSV into a list of dict rows.
+
+  Rows that do not parse (the last line of a killed run may be cut short)
+  are skipped.
+
+  Raises:
+    InputError: if the file is unreadable or has no seconds/rss_mib columns.
+  """
+  try:
+    with open(path, newline="") as f:
+      reader = csv.DictReader(f)
+      if not {"seconds", "rss_mib"} <= set(reader.fieldnames or ()):
+        raise InputError("memory CSV %s lacks seconds,rss_mib columns" % path)
+      rows = list(reader)
+  except (OSError, csv.Error) as e:
+    raise InputError("cannot read memory CSV %s: %s" % (path, e)) from e
+  return [row for row in rows if _float(row.get("seconds")) is not None
+          and _float(row.get("rss_mib")) is not None]
+
+
+def _float(value):
+  """Returns `value` as a finite float, or None if it is not one."""
+  try:
+    result = float(value)
+  except (TypeError, ValueError):
+    return None
+  return result if math.isfinite(result) else None
+
+
+def _phase_spans(times, phases):
+  """Groups consecutive samples of one phase into (phase, start, end) spans.
+
+  A phase is taken to last until the first sample of the next one: the
+  sampler only sees where the program is at each sample.
+  """
+  spans = []
+  for t, phase in zip(times, phases):
+    if spans and spans[-1][0] == phase:
+      continue
+    if spans:
+      spans[-1][2] = t
+    spans.append([phase, t, times[-1]])
+  return [tuple(span) for span in spans]
+
+
+def _phase_colors(phases):
+  """Maps each phase to a colour: fixed ones for known phases, spares else."""
+  colors = {}
+  spare = 0
+  for phase in phases:
+    if phase in colors:
+      continue
+    if phase in _PHASE_COLORS:
+      colors[phase] = _PHASE_COLORS[phase]
+    else:
+      colors[phase] = _EXTRA_PHASE_COLORS[spare % len(_EXTRA_PHASE_COLORS)]
+      spare += 1
+  return colors
+
+
+def _no_data(ax, text):
+  """Leaves a panel empty but for a centred note."""
+  ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes,
+          fontsize=12, color="0.4")
+  ax.set_xticks([])
+  ax.set_yticks([])
+
+
+def _plot_memory(ax, rows, summary_peak):
+  """Panel 1: RSS (and GPU memory) over wall time, phases shaded."""
+  ax.set_title("Memory over the run", loc="left", fontsize=11)
+  rows = [r for r in rows or ()
+          if _float(r.get("seconds")) is not None
+          and _float(r.get("rss_mib")) is not None]
+  if not rows:
+    _no_data(ax, "no memory log")
+    return
+  times = [_float(r["seconds"]) for r in rows]
+  rss = [_float(r["rss_mib"]) for r in rows]
+  phases = [str(r.get("phase") or "unknown") for r in rows]
+
+  colors = _phase_colors(phases)
+  seen = set()
+  for phase, start, end in _phase_spans(times, phases):
+    label = None if phase in seen else phase
+    seen.add(phase)
+    ax.axvspan(start, end, color=colors[phase],
+               alpha=0.8, lw=0, label=label, zorder=0)
+
+  ax.plot(times, rss, color="#08306b", lw=1.6, label="RSS", zorder=3)
+  top = max(rss)
+  for column in sorted(rows[0]):
+    if column.endswith(_GPU_SUFFIX):
+      top = max(top, _plot_gpu(ax, times, rows, column))
+
+  _annotate_peak(ax, times, rss)
+  if summary_peak is not None and summary_peak > max(rss) + 0.5:
+    # getrusage's peak can fall between two samples.
+    ax.axhline(summary_peak, color="#08306b", ls=":", lw=1,
+               label="peak RSS (getrusage)", zorder=2)
+    top = max(top, summary_peak)
+
+  ax.set_xlim(times[0], max(times[-1], times[0] + 1.0))
+  ax.set_ylim(0, top * 1.18)
+  ax.set_xlabel("wall time (s)")
+  has_gpu = any(c.endswith(_GPU_SUFFIX) for c in rows[0])
+  ax.set_ylabel("RSS / GPU memory (MiB)" if has_gpu else "RSS (MiB)")
+  ax.grid(True, axis="y", alpha=0.3)
+  # Above the axes, beside the panel title, so it never hides the curve.
+  ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=8,
+            fontsize=9, frameon=False, handlelength=1.5, columnspacing=1.2,
+            borderaxespad=0.2)
+
+
+def _plot_gpu(ax, times, rows, column):
+  """Draws one GPU's bytes in use in MiB; returns its largest value."""
+  values = [_float(r.get(column)) for r in rows]
+  mib = [math.nan if v is None else v / _MIB for v in values]
+  name = column[:-len(_GPU_SUFFIX)]
+  ax.plot(times, mib, lw=1.4, ls="--", label="%s in use" % name, zorder=3)
+  finite = [v for v in mib if not math.isnan(v)]
+  return max(finite) if finite else 0.0
+
+
+def _annotate_peak(ax, times, rss):
+  """Marks the highest sampled RSS with its value."""
+  peak_index = max(range(len(rss)), key=rss.__getitem__)
+  t, peak = times[peak_index], rss[peak_index]
+  span = (times[-1] - times[0]) or 1.0
+  # Keep the label inside the axes when the peak is near the right edge.
+  right_half = (t - times[0]) > span / 2
+  ax.plot([t], [peak], "o", color="#cb181d", ms=5, zorder=4)
+  ax.annotate("sampled peak %.0f MiB" % peak, (t, peak),
+              xytext=(-8 if right_half else 8, 8), textcoords="offset points",
+              ha="right" if right_half else "left", va="bottom",
+              fontsize=9, color="#cb181d", zorder=5,
+              bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none",
+                        alpha=0.8))
+
+
+def _epoch_values(epochs, key):
+  """Returns (epochs, values) for epochs whose `key` is a finite number."""
+  xs, ys = [], []
+  for i, entry in enumerate(epochs):
+    value = _float(entry.get(key))
+    if value is not None:
+      xs.append(entry.get("epoch", i + 1))
+      ys.append(value)
+  return xs, ys
+
+
+def _integer_epochs(ax):
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+
+
+def _plain_log_labels(ax):
+  """Labels a log y axis 100, 150, 200 rather than 1.5x10^2."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  plain = ticker.FuncFormatter(lambda y, _: "%g" % y)
+  ax.yaxis.set_major_formatter(plain)
+  ax.yaxis.set_minor_formatter(plain)
+
+
+def _plot_speed(ax, epochs):
+  """Panel 2: training words per second per epoch."""
+  ax.set_title("Training speed", loc="left", fontsize=11)
+  xs, wps = _epoch_values(epochs, "train_wps")
+  if not xs:
+    _no_data(ax, "no finished epoch")
+    return
+  bars = ax.bar(xs, wps, color="#6baed6", width=0.6)
+  ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+  _integer_epochs(ax)
+  ax.set_ylim(0, max(wps) * 1.15)
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("train speed (words/s)")
+  ax.grid(True, axis="y", alpha=0.3)
+
+
+def _plot_perplexity(ax, epochs, test_perplexity):
+  """Panel 3: train and valid perplexity per epoch, test as a line."""
+  ax.set_title("Perplexity", loc="left", fontsize=11)
+  series = [("train", "train_perplexity", "#2171b5"),
+            ("valid", "valid_perplexity", "#e6550d")]
+  plotted = False
+  for label, key, color in series:
+    xs, ys = _epoch_values(epochs, key)
+    ys_positive = [(x, y) for x, y in zip(xs, ys) if y > 0]
+    if ys_positive:
+      ax.plot(*zip(*ys_positive), "o-", color=color, ms=5, label=label)
+      plotted = True
+  if test_perplexity is not None and test_perplexity > 0:
+    ax.axhline(test_perplexity, color="#31a354", ls="--", lw=1.5,
+               label="test %.1f" % test_perplexity)
+    plotted = True
+  if not plotted:
+    _no_data(ax, "no perplexity yet")
+    return
+  ax.set_yscale("log")
+  _plain_log_labels(ax)
+  _integer_epochs(ax)
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("perplexity")
+  ax.grid(True, which="both", axis="y", alpha=0.3)
+  ax.legend(fontsize=9)
+
+
+def _title(summary, rows):
+  """Builds the figure title from what the summary has."""
+  setup = [text % summary[key] for key, text in
+           (("model", "model %s"), ("rnn_mode", "rnn_mode %s"),
+            ("tensorflow_version", "TF %s")) if summary.get(key)]
+  results = []
+  test = _float(summary.get("test_perplexity"))
+  if test is not None:
+    results.append("test perplexity %.1f" % test)
+  peak = _float(summary.get("peak_rss_mib"))
+  if peak is None and rows:
+    peak = max((_float(r.get("rss_mib")) or 0.0) for r in rows) or None
+  if peak is not None:
+    results.append("peak RSS %.0f MiB" % peak)
+  parts = ["PTB LSTM"] + [", ".join(p) for p in (setup, results) if p]
+  return " \u2014 ".join(parts)
+
+
+def _subtitle(summary):
+  """A second, smaller title line: status, wall time and devices."""
+  parts = []
+  if summary.get("status"):
+    parts.append("status: %s" % summary["status"])
+  wall = _float(summary.get("wall_seconds"))
+  if wall is not None:
+    parts.append("wall time %.0f s (%.1f min)" % (wall, wall / 60.0))
+  if summary.get("devices"):
+    parts.append("devices: %s" % ", ".join(map(str, summary["devices"])))
+  return ";  ".join(parts)
+
+
+def plot_run(summary, memory_rows, output_path):
+  """Writes the run's figure as a PNG.
+
+  Args:
+    summary: the parsed summary JSON (a dict; missing keys are skipped).
+    memory_rows: dict rows of the memory CSV (values may be strings), or
+      None when there is no memory log.
+    output_path: PNG file to write.
+
+  Returns:
+    `output_path`.
+  """
+  plt = _pyplot()
+  epochs = [e for e in summary.get("epochs") or () if isinstance(e, dict)]
+  fig = plt.figure(figsize=_FIGSIZE, dpi=_DPI, layout="constrained")
+  try:
+    grid = fig.add_gridspec(2, 2, height_ratios=(1.15, 1))
+    _plot_memory(fig.add_subplot(grid[0, :]), memory_rows,
+                 _float(summary.get("peak_rss_mib")))
+    _plot_speed(fig.add_subplot(grid[1, 0]), epochs)
+    _plot_perplexity(fig.add_subplot(grid[1, 1]), epochs,
+                     _float(summary.get("test_perplexity")))
+    subtitle = _subtitle(summary)
+    title = _title(summary, memory_rows)
+    fig.suptitle(title + ("\n" + subtitle if subtitle else ""),
+                 fontsize=12)
+    fig.savefig(output_path, dpi=_DPI)
+  finally:
+    plt.close(fig)
+  return output_path
+
+
+def _error(message):
+  print("%s: error: %s" % (_PROGRAM, message), file=sys.stderr)
+  return 1
+
+
+def main(argv):
+  if len(argv) > 1:
+    return _error("unexpected arguments: %s" % " ".join(argv[1:]))
+  try:
+    summary = load_summary(FLAGS.summary_json)
+    rows = load_memory_csv(FLAGS.memory_csv) if FLAGS.memory_csv else None
+  except InputError as e:
+    return _error(str(e))
+  try:
+    plot_run(summary, rows, FLAGS.output)
+  except OSError as e:
+    return _error("cannot write %s: %s" % (FLAGS.output, e))
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,177 @@
+"""Tests for plot_run.py."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import monitor
+import plot_run
+
+_PLOT_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         "plot_run.py")
+_PNG_SIGNATURE = b"\x89PNG"
+
+
+def synthetic_summary(num_epochs=3):
+  """A finished run's summary, shaped as ptb_word_lm.py writes it."""
+  epochs = []
+  for i in range(num_epochs):
+    epochs.append({
+        "epoch": i + 1,
+        "learning_rate": 1.0 if i < 2 else 0.5,
+        "train_perplexity": 270.1 / (1.6 ** i),
+        "valid_perplexity": 180.4 / (1.3 ** i),
+        "train_wps": 6100.0 + 150.0 * i,
+        "train_seconds": 150.2,
+        "valid_seconds": 2.1,
+    })
+  return {
+      "command": ["ptb_word_lm.py", "--model=small"],
+      "status": "finished",
+      "model": "small",
+      "rnn_mode": "BASIC",
+      "config": {"batch_size": 20, "hidden_size": 200},
+      "tensorflow_version": "2.21.0",
+      "python_version": "3.11.7",
+      "devices": ["/cpu:0"],
+      "epochs": epochs,
+      "test_perplexity": 115.2,
+      "wall_seconds": 480.5,
+      "peak_rss_mib": 812.3,
+  }
+
+
+def synthetic_memory_rows(num_epochs=3, gpu=False):
+  """Memory rows as MemorySampler writes them (all values strings)."""
+  rows = []
+  t = 0.0
+
+  def add(phase, epoch, count, rss_start, rss_end):
+    nonlocal t
+    for k in range(count):
+      rss = rss_start + (rss_end - rss_start) * k / max(count - 1, 1)
+      row = {"seconds": "%.3f" % t, "rss_mib": "%.1f" % rss, "phase": phase,
+             "epoch": str(epoch), "step": str(k * 10)}
+      if gpu:
+        row["gpu0_bytes_in_use"] = str(int(rss * 0.5 * 1024 * 1024))
+        row["gpu0_peak_bytes"] = str(int(rss * 0.6 * 1024 * 1024))
+      rows.append(row)
+      t += 2.0
+
+  add("startup", 0, 8, 150.0, 620.0)
+  for epoch in range(1, num_epochs + 1):
+    add("train", epoch, 30, 700.0, 790.0 + 5 * epoch)
+    add("valid", epoch, 3, 760.0, 770.0)
+  add("test", num_epochs, 3, 770.0, 760.0)
+  return rows
+
+
+def _write_csv(path, rows):
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _run_tool(*args):
+  return subprocess.run([sys.executable, _PLOT_RUN] + list(args),
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+
+
+class PlotRunTest(unittest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self._tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(self._tmp.cleanup)
+
+  def _path(self, name):
+    return os.path.join(self._tmp.name, name)
+
+  def assertIsPng(self, path, min_bytes=10000):
+    self.assertTrue(os.path.exists(path), path)
+    with open(path, "rb") as f:
+      self.assertEqual(f.read(4), _PNG_SIGNATURE)
+    self.assertGreater(os.path.getsize(path), min_bytes)
+
+  def testPlotRunWritesPng(self):
+    output = self._path("run.png")
+    result = plot_run.plot_run(synthetic_summary(), synthetic_memory_rows(),
+                               output)
+    self.assertEqual(result, output)
+    self.assertIsPng(output)
+
+  def testPlotRunWithGpuColumns(self):
+    output = self._path("gpu.png")
+    plot_run.plot_run(synthetic_summary(), synthetic_memory_rows(gpu=True),
+                      output)
+    self.assertIsPng(output)
+
+  def testPlotRunOfKilledRun(self):
+    summary = {"status": "interrupted", "model": "small", "epochs": []}
+    output = self._path("killed.png")
+    plot_run.plot_run(summary, None, output)
+    self.assertIsPng(output, min_bytes=1000)
+
+  def testPhaseSpans(self):
+    spans = plot_run._phase_spans(  # pylint: disable=protected-access
+        [0.0, 1.0, 2.0, 3.0, 4.0], ["startup", "train", "train", "valid",
+                                    "valid"])
+    self.assertEqual(spans, [("startup", 0.0, 1.0), ("train", 1.0, 3.0),
+                             ("valid", 3.0, 4.0)])
+
+  def testLoadMemoryCsvSkipsCutLastLine(self):
+    path = self._path("memory.csv")
+    _write_csv(path, synthetic_memory_rows())
+    with open(path, "a") as f:
+      f.write("961.0")  # a run killed while writing a row
+    rows = plot_run.load_memory_csv(path)
+    self.assertEqual(len(rows), len(synthetic_memory_rows()))
+
+  def testCommandLineWithSamplerCsv(self):
+    summary_path = self._path("summary.json")
+    csv_path = self._path("memory.csv")
+    output = self._path("cli.png")
+    monitor.write_json_atomic(summary_path, synthetic_summary())
+    # A real MemorySampler file, then the synthetic rows in its format.
+    with monitor.MemorySampler(csv_path, interval=60.0) as sampler:
+      sampler.set_phase("train", 1, 5)
+    with open(csv_path, newline="") as f:
+      header = next(csv.reader(f))
+    self.assertEqual(header, list(synthetic_memory_rows()[0]))
+    _write_csv(csv_path, synthetic_memory_rows())
+
+    result = _run_tool("--summary_json=" + summary_path,
+                       "--memory_csv=" + csv_path, "--output=" + output)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIsPng(output)
+
+  def testCommandLineMissingJson(self):
+    output = self._path("never.png")
+    result = _run_tool("--summary_json=" + self._path("missing.json"),
+                       "--output=" + output)
+    self.assertEqual(result.returncode, 1)
+    error_lines = [line for line in result.stderr.splitlines()
+                   if "plot_run.py: error:" in line]
+    self.assertEqual(len(error_lines), 1, result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+    self.assertFalse(os.path.exists(output))
+
+  def testCommandLineBadJson(self):
+    path = self._path("bad.json")
+    with open(path, "w") as f:
+      f.write('{"status": "runn')
+    result = _run_tool("--summary_json=" + path,
+                       "--output=" + self._path("never.png"))
+    self.assertEqual(result.returncode, 1)
+    self.assertIn("plot_run.py: error:", result.stderr)
+    self.assertNotIn("Traceback", result.stderr)
+
+
+if __name__ == "__main__":
+  unittest.main()

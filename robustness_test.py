@@ -1,0 +1,229 @@
+"""Resume, interrupts, divergence and bad input, through the real command line.
+
+The interrupt tests send real signals to a real subprocess.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import tensorflow as tf
+
+import ptb_word_lm_test as lm_test
+
+SEED = "--seed=3"
+
+
+def final_test_perplexity(out):
+  match = re.search(r"^Test Perplexity: (\S+)$", out, re.M)
+  return float(match.group(1)) if match else None
+
+
+def snapshot(directory):
+  """Names, sizes and modification times of the files in `directory`."""
+  return {name: (os.path.getsize(os.path.join(directory, name)),
+                 os.path.getmtime(os.path.join(directory, name)))
+          for name in sorted(os.listdir(directory))}
+
+
+class RobustnessTest(tf.test.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls._tmp = tempfile.TemporaryDirectory()
+    # Long enough that a first epoch of --model=test lasts a few seconds.
+    cls.data = os.path.join(cls._tmp.name, "data")
+    os.mkdir(cls.data)
+    lm_test.make_corpus(cls.data, train_lines=8000)
+    cls.base = ["--data_path=" + cls.data, "--model=test", "--num_gpus=0",
+                SEED]
+    code, out, err = lm_test.run_script(*cls.base)
+    assert code == 0, err
+    cls.reference = final_test_perplexity(out)
+
+  @classmethod
+  def tearDownClass(cls):
+    cls._tmp.cleanup()
+    super().tearDownClass()
+
+  def _interrupt(self, save, sig, extra=()):
+    """Starts a run, sends `sig` after its second progress line."""
+    proc = subprocess.Popen(
+        [sys.executable, lm_test.SCRIPT] + self.base +
+        ["--save_path=" + save] + list(extra),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=lm_test.HERE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen = 0
+    for line in proc.stdout:
+      if "wps" in line:
+        seen += 1
+        if seen == 2:
+          break
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+  def _check_resumes(self, sig, code):
+    with tempfile.TemporaryDirectory() as save:
+      exit_code, _, err = self._interrupt(save, sig)
+      self.assertEqual(exit_code, code, err)
+      self.assertNotIn("Traceback", err)
+      self.assertRegex(err, r"interrupted by %s in the train pass of epoch 1 "
+                       r"at step \d+ \(checkpoint saved to .*model\.ckpt-\d+\)"
+                       % signal.Signals(sig).name)
+      exit_code, out, err = lm_test.run_script(*(self.base +
+                                                 ["--save_path=" + save]))
+      self.assertEqual(exit_code, 0, err)
+      match = re.search(r"^Resuming from epoch 1 step (\d+) of %s$"
+                        % re.escape(save), out, re.M)
+      self.assertIsNotNone(match, out)
+      self.assertGreater(int(match.group(1)), 0)
+      self.assertAllClose(final_test_perplexity(out), self.reference, rtol=0.01)
+
+  def testSigtermSavesAndResumes(self):
+    self._check_resumes(signal.SIGTERM, 143)
+
+  def testSigintSavesAndResumes(self):
+    self._check_resumes(signal.SIGINT, 130)
+
+  def testSigkillKeepsTheLastCheckpointUsable(self):
+    with tempfile.TemporaryDirectory() as save:
+      self._interrupt(save, signal.SIGKILL, ["--save_every_steps=100"])
+      code, out, err = lm_test.run_script(*(self.base +
+                                            ["--save_path=" + save]))
+      self.assertEqual(code, 0, err)
+      match = re.search(r"^Resuming from epoch 1 step (\d+) of ", out, re.M)
+      if match:  # Killed after the first periodic save.
+        self.assertEqual(int(match.group(1)) % 100, 0)
+      self.assertAllClose(final_test_perplexity(out), self.reference, rtol=0.01)
+
+  def testResumeAfterAFinishedEpochKeepsTheSchedule(self):
+    with tempfile.TemporaryDirectory() as save:
+      args = self.base + ["--save_path=" + save]
+      code, _, err = lm_test.run_script(*args)
+      self.assertEqual(code, 0, err)
+      code, out, err = lm_test.run_script(
+          *(args + ["--config_overrides=max_max_epoch=2"]))
+      self.assertEqual(code, 0, err)
+      self.assertIn("Resuming from epoch 2 step 0 of %s" % save, out)
+      # max_epoch is 1 and lr_decay 0.5: epoch 2 trains at 0.5.
+      self.assertIn("Epoch: 2 Learning rate: 0.500", out)
+      self.assertNotIn("Epoch: 1 ", out)
+
+  def testCheckpointOfAnotherConfigurationIsRefused(self):
+    with tempfile.TemporaryDirectory() as save:
+      code, _, err = lm_test.run_script(*(self.base + ["--save_path=" + save]))
+      self.assertEqual(code, 0, err)
+      before = snapshot(save)
+      code, _, err = lm_test.run_script(
+          *(self.base + ["--save_path=" + save,
+                         "--config_overrides=hidden_size=3"]))
+      self.assertEqual(code, 1)
+      self.assertNotIn("Traceback", err)
+      self.assertRegex(err, r"holds a checkpoint of another configuration: "
+                       r"Model/RNN/cell_0/bias is \[8\] there and \[12\] here")
+      self.assertEqual(snapshot(save), before)
+
+  def testDivergenceStopsAndKeepsTheLastGoodCheckpoint(self):
+    with tempfile.TemporaryDirectory() as save:
+      code, _, err = lm_test.run_script(*(self.base + ["--save_path=" + save]))
+      self.assertEqual(code, 0, err)
+      before = snapshot(save)
+      code, out, err = lm_test.run_script(
+          *(self.base + ["--save_path=" + save,
+                         "--config_overrides=max_max_epoch=2,"
+                         "learning_rate=1e38"]))
+      self.assertEqual(code, 1, out)
+      self.assertNotIn("Traceback", err)
+      self.assertRegex(err, r"error: training diverged (at epoch 2 step \d+: "
+                       r"the cost is (nan|inf)|in epoch 2: the weights are not "
+                       r"finite); the last good checkpoint in %s is kept"
+                       % re.escape(save))
+      after = snapshot(save)
+      for name, stat in before.items():  # A new events file may be added.
+        self.assertEqual(after.get(name), stat, name)
+
+
+class BadInputTest(tf.test.TestCase):
+  """Each bad input: one line, exit 1 (2 for usage), nothing written."""
+
+  def assertRefused(self, args, pattern, code=1, save=None):
+    exit_code, out, err = lm_test.run_script(*args)
+    self.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
+    self.assertNotIn("Traceback", err)
+    lines = [l for l in err.splitlines()
+             if l.startswith("ptb_word_lm.py: error:")]
+    self.assertLen(lines, 1, err)
+    self.assertRegex(lines[0], pattern)
+    self.assertNotIn("Epoch", out)
+    if save:
+      self.assertFalse(os.path.exists(save), "%s was written" % save)
+
+  def testDataPathIsAFile(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      self.assertRefused(
+          ["--data_path=" + os.path.join(tmp, "ptb.train.txt"),
+           "--num_gpus=0"], "ptb.train.txt is a file: give the directory")
+
+  def testUnreadableFile(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      os.remove(os.path.join(tmp, "ptb.valid.txt"))
+      os.mkdir(os.path.join(tmp, "ptb.valid.txt"))
+      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0"],
+                         "ptb.valid.txt is a directory, not a text file")
+
+  def testSavePathNotWritable(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      blocker = os.path.join(tmp, "blocker")
+      open(blocker, "w").close()
+      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
+                          "--model=test", "--save_path=" + blocker + "/run"],
+                         "--save_path=.*/blocker/run cannot be written: Not "
+                         "a directory")
+
+  def testNonPositiveAndAbsurdConfigValues(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      save = os.path.join(tmp, "save")
+      common = ["--data_path=" + tmp, "--num_gpus=0", "--model=test",
+                "--save_path=" + save]
+      for override, pattern in (
+          ("num_steps=0", "num_steps=0 must be a positive integer"),
+          ("hidden_size=-4", "hidden_size=-4 must be a positive integer"),
+          ("learning_rate=0", "learning_rate=0.0 must be a positive number"),
+          ("init_scale=nan", "init_scale=nan must be a positive number"),
+          ("hidden_size=1000000000", "hidden_size=1000000000 is absurdly "
+           "large"),
+          ("batch_size=10000000", "batch_size=10000000 is absurdly large")):
+        self.assertRefused(common + ["--config_overrides=" + override],
+                           pattern, code=2, save=save)
+
+  def testCorpusTooShortWritesNothing(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp, train_lines=2)
+      save = os.path.join(tmp, "save")
+      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
+                          "--save_path=" + save],
+                         "epoch_size == 0, decrease batch_size or num_steps",
+                         save=save)
+
+  def testVocabularyTooLargeWritesNothing(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp, num_words=30)
+      save = os.path.join(tmp, "save")
+      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
+                          "--model=test", "--save_path=" + save,
+                          "--config_overrides=vocab_size=10"],
+                         "31 distinct words.*vocab_size is 10", save=save)
+
+
+if __name__ == "__main__":
+  tf.test.main()
