@@ -51,6 +51,7 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
+import cluster as cluster_lib
 import monitor
 import reader
 import util
@@ -108,6 +109,19 @@ flags.DEFINE_string(
     "summary_json", None,
     "Write a JSON summary of the run here (rewritten after every epoch).")
 
+flags.DEFINE_string("job_name", None,
+                    "Multi-process training: this task's job, ps or worker.")
+flags.DEFINE_integer("task_index", 0, "Index of this task within its job.")
+flags.DEFINE_string("ps_hosts", None,
+                    "Comma-separated host:port of the parameter servers.")
+flags.DEFINE_string("worker_hosts", None,
+                    "Comma-separated host:port of the workers (the first is "
+                    "the chief).")
+flags.DEFINE_float(
+    "cluster_timeout", 300.0,
+    "Seconds a task waits for the others (to start, to make progress) "
+    "before it stops with an error instead of hanging.")
+
 FLAGS = flags.FLAGS
 BASIC = "basic"
 CUDNN = "cudnn"
@@ -154,18 +168,23 @@ class PTBInput(object):
       reader.producer); a resumed run sets it.
   """
 
-  def __init__(self, config, data, name=None, num_towers=1, steps_per_call=1):
+  def __init__(self, config, data, name=None, num_towers=1, steps_per_call=1,
+               replica=(0, 1)):
     self.batch_size = batch_size = config.batch_size
     self.num_towers = num_towers
     self.num_steps = num_steps = config.num_steps
+    # Worker `index` of `count` takes its own block of rows, as a tower does.
+    index, count = replica
     rows = batch_size * num_towers
-    self.epoch_size = reader.check_epoch_size(len(data), rows, num_steps, name)
+    self.epoch_size = reader.check_epoch_size(len(data), rows * count,
+                                              num_steps, name)
     self.steps_per_call = steps_per_call = min(steps_per_call, self.epoch_size)
-    producer = reader.producer(data, rows, num_steps, steps_per_call,
+    producer = reader.producer(data, rows * count, num_steps, steps_per_call,
                                name=name)
     self.num_calls = producer.num_calls
-    self.input_data, self.targets = producer.x, producer.y
-    self.weights = producer.weights
+    mine = slice(index * rows, (index + 1) * rows)
+    self.input_data, self.targets = producer.x[mine], producer.y[mine]
+    self.weights = None if producer.weights is None else producer.weights[mine]
     self.position = producer.position
 
   def steps_in_call(self, call):
@@ -360,7 +379,19 @@ class PTBModel(object):
   """
 
   def __init__(self, is_training, config, input_, devices=("/cpu:0",),
-               use_fp16=False):
+               use_fp16=False, replica=(0, 1)):
+    """Builds the model.
+
+    Args:
+      is_training: build dropout and the training op.
+      config: a config instance.
+      input_: a PTBInput with `len(devices)` towers.
+      devices: one device per tower.
+      use_fp16: float16 variables and activations.
+      replica: (index, count) of the processes that train together
+        (between-graph replication); with several, each step's update is
+        the average of one gradient from each (util.synchronous_update).
+    """
     self._is_training = is_training
     self._input = input_
     self._rnn_mode = config.rnn_mode
@@ -398,11 +429,14 @@ class PTBModel(object):
     if is_training:
       with tf.device(util.variable_device(devices)):
         grads = util.average_gradients(tower_grads)
-        grads, _ = tf.clip_by_global_norm(grads, config.max_grad_norm)
-        optimizer = tf.compat.v1.train.GradientDescentOptimizer(self._lr)
-        self._train_op = optimizer.apply_gradients(
-            zip(grads, params),
-            global_step=tf.compat.v1.train.get_or_create_global_step())
+        optimizer = util.ClippedGradientDescent(self._lr, config.max_grad_norm)
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        if replica[1] > 1:
+          self._train_op = util.synchronous_update(
+              zip(grads, params), optimizer, global_step, *replica)
+        else:
+          self._train_op = optimizer.apply_gradients(
+              zip(grads, params), global_step=global_step)
       done = [self._train_op]
     # The state is stored only after the step has used the old one.
     with tf.control_dependencies(done):
@@ -441,9 +475,8 @@ class PTBModel(object):
     size, num_layers = config.hidden_size, config.num_layers
     keep_prob = config.keep_prob if self._is_training else 1.0
 
-    state_var = tf.compat.v1.Variable(
-        tf.zeros([num_layers, 2, batch_size, size], dtype), trainable=False,
-        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES], name="lstm_state")
+    state_var = util.local_variable(
+        tf.zeros([num_layers, 2, batch_size, size], dtype), "lstm_state")
     initial_state = util.unpack_state(state_var.read_value(), num_layers)
 
     # Time-major from here on: [steps, batch, ...].
@@ -759,24 +792,28 @@ def session_config(devices, intra_op_threads, inter_op_threads):
 
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
-                steps_per_call=1, reuse=False):
+                steps_per_call=1, reuse=False, replica=(0, 1)):
   """Builds one PTBInput and PTBModel under `name` ("Train", "Valid", ...).
 
   The weights live in the variable scope "Model": the first model creates
-  them (reuse=False), the others share them.
+  them (reuse=False), the others share them. `replica` is (worker index,
+  workers) when several processes train together.
   """
   initializer = tf.compat.v1.random_uniform_initializer(
       -config.init_scale, config.init_scale)
   with tf.compat.v1.name_scope(name):
     input_ = PTBInput(config=config, data=data, name=name + "Input",
-                      num_towers=len(devices), steps_per_call=steps_per_call)
+                      num_towers=len(devices), steps_per_call=steps_per_call,
+                      replica=replica)
     with tf.compat.v1.variable_scope("Model", reuse=reuse,
                                      initializer=initializer):
       return PTBModel(is_training=is_training, config=config, input_=input_,
-                      devices=devices, use_fp16=use_fp16)
+                      devices=devices, use_fp16=use_fp16,
+                      replica=replica if is_training else (0, 1))
 
 
-def build_models(config, eval_config, data, devices, use_fp16, eval_unroll):
+def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
+                 replica=(0, 1)):
   """Builds the Train, Valid and Test models, sharing one set of variables.
 
   Validation and test run `eval_unroll // num_steps` windows per session
@@ -789,7 +826,7 @@ def build_models(config, eval_config, data, devices, use_fp16, eval_unroll):
   train_data, valid_data, test_data = data
   return {
       "train": build_model("Train", True, config, train_data, devices,
-                           use_fp16),
+                           use_fp16, replica=replica),
       "valid": build_model("Valid", False, config, valid_data, devices[:1],
                            use_fp16, max(1, eval_unroll // config.num_steps),
                            reuse=True),
@@ -912,6 +949,243 @@ class SignalCatcher(object):
       signal.signal(sig, handler)
 
 
+class TrainingRun(object):
+  """One run of the training loop: graph, session, checkpoints, signals.
+
+  Single process by default. With a cluster (cluster.Cluster), this process
+  is one worker of a synchronous data-parallel job: its graph puts the
+  variables on the ps tasks; worker 0, the chief, initialises, restores,
+  validates, tests and saves; every worker trains on its own rows and prints
+  its progress lines.
+  """
+
+  def __init__(self, config, eval_config, data, devices, options):
+    self.config = config
+    self.options = options
+    self.save_path = options["save_path"]
+    self.sampler = options.get("sampler")
+    self.summary = options.get("summary") or {}
+    self.cluster = options.get("cluster")
+    self.chief = self.cluster is None or cluster_lib.is_chief(self.cluster)
+    self.devices = devices
+    self.where = {"phase": "startup", "epoch": 0, "step": 0, "costs": 0.0}
+    replica = ((self.cluster.task_index, len(self.cluster.worker_hosts))
+               if self.cluster else (0, 1))
+    self.graph = tf.Graph()
+    with self.graph.as_default(), tf.compat.v1.device(
+        cluster_lib.device_setter(self.cluster) if self.cluster else None):
+      if options["seed"] is not None:
+        tf.compat.v1.set_random_seed(options["seed"])
+      models = build_models(config, eval_config, data, devices,
+                            options["use_fp16"], options["eval_unroll"],
+                            replica)
+      self.m, self.mvalid, self.mtest = (models["train"], models["valid"],
+                                         models["test"])
+      self.progress = Progress()
+      self.global_step = tf.compat.v1.train.get_global_step()
+      self.weights_finite = tf.reduce_all([
+          tf.reduce_all(tf.math.is_finite(v))
+          for v in tf.compat.v1.trainable_variables()])
+      self.global_init = tf.compat.v1.global_variables_initializer()
+      self.local_init = tf.compat.v1.local_variables_initializer()
+      self.done = cluster_lib.done_ops(self.cluster) if self.cluster else []
+      self.checkpointer = None
+      if self.save_path and self.chief:
+        Checkpointer.check_writable(self.save_path)
+        # The training pass's LSTM state and data position are saved too, so
+        # a run resumed mid-epoch continues exactly where it stopped.
+        self.checkpointer = Checkpointer(
+            self.save_path, tf.compat.v1.global_variables() +
+            self.m.state_variables + [self.m.input.position])
+
+  def _session(self):
+    config = session_config(self.devices, self.options["intra_op_threads"],
+                            self.options["inter_op_threads"])
+    if not self.cluster:
+      return tf.compat.v1.Session(graph=self.graph, config=config)
+    timeout = self.options["cluster_timeout"]
+    server = cluster_lib.start_server(self.cluster)
+    cluster_lib.wait_for(self.cluster.ps_hosts, "ps", timeout)
+    return tf.compat.v1.Session(
+        server.target, graph=self.graph,
+        config=cluster_lib.session_config(self.cluster, config, timeout))
+
+  def _initialize(self, session):
+    """Initialises or restores; returns (epoch, step, costs) to start from."""
+    ckpt = self.checkpointer.latest() if self.checkpointer else None
+    if not self.chief:
+      self._wait_for_chief(session)
+    elif ckpt:
+      # Restoring initialises the variables: other workers wait for exactly
+      # that, so they never see freshly initialised weights.
+      self.checkpointer.check_compatible(ckpt)
+      session.run(self.local_init)
+      self.checkpointer.restore(session)
+    else:
+      session.run([self.global_init, self.local_init])
+    start = self.progress.get(session) if (ckpt or not self.chief) else (
+        0, 0, 0.0)
+    if self.cluster:
+      start = (start[0], 0, 0.0)  # A cluster saves only at an epoch's end.
+    if ckpt:
+      print("Resuming from epoch %d step %d of %s"
+            % (start[0] + 1, start[1], self.save_path), flush=True)
+    return start
+
+  def _wait_for_chief(self, session):
+    deadline = time.time() + self.options["cluster_timeout"]
+    with self.graph.as_default():
+      uninitialized = tf.compat.v1.report_uninitialized_variables(
+          tf.compat.v1.global_variables())
+    while len(session.run(uninitialized)):
+      if time.time() > deadline:
+        raise UserError("worker %d: the chief (worker 0) did not initialise "
+                        "the variables within %.0f s"
+                        % (self.cluster.task_index,
+                           self.options["cluster_timeout"]))
+      time.sleep(0.5)
+    session.run(self.local_init)
+
+  def save(self, session, epoch, step, costs):
+    """Records the progress and writes a checkpoint; returns its path."""
+    # A finite cost does not prove that the update after it was finite.
+    if not session.run(self.weights_finite):
+      raise UserError("training diverged in epoch %d: the weights are not "
+                      "finite; the last good checkpoint in %s is kept"
+                      % (self.where["epoch"], self.save_path))
+    self.progress.set(session, epoch, step, costs)
+    return self.checkpointer.save(session, self.global_step)
+
+  def _interrupted(self, session, signum):
+    where = self.where
+    if self.checkpointer is None:
+      saved = "nothing saved (%s)" % ("no --save_path" if self.chief else
+                                      "only the chief saves")
+    elif where["phase"] == "train" and not self.cluster:
+      saved = "checkpoint saved to %s" % self.save(
+          session, where["epoch"] - 1, where["step"] + 1, where["costs"])
+    elif where["phase"] == "valid" and not self.cluster:
+      saved = "checkpoint saved to %s" % self.save(
+          session, where["epoch"] - 1, self.m.input.num_calls,
+          where["train_costs"])
+    else:
+      # Workers of a cluster resume together only from an epoch's end.
+      saved = "the checkpoint of the last finished epoch is in %s" % (
+          self.save_path)
+    return Stop("interrupted by %s in the %s pass of epoch %d at step %d (%s); "
+                "run the same command to resume"
+                % (signal.Signals(signum).name, where["phase"], where["epoch"],
+                   where["step"], saved), 128 + signum)
+
+  def _on_step(self, session, signals, step, cost, costs):
+    where = self.where
+    where["step"], where["costs"] = step, costs
+    if self.sampler is not None:
+      self.sampler.set_phase(where["phase"], where["epoch"], step)
+    if signals.signum is not None:
+      raise self._interrupted(session, signals.signum)
+    if where["phase"] != "train":
+      return
+    if not np.isfinite(cost):
+      raise UserError(
+          "training diverged at epoch %d step %d: the cost is %s; %s"
+          % (where["epoch"], step + 1, cost,
+             "the last good checkpoint in %s is kept" % self.save_path
+             if self.checkpointer else "nothing was saved"))
+    every = self.options.get("save_every_steps")
+    if self.checkpointer and every and (step + 1) % every == 0:
+      self.save(session, where["epoch"] - 1, step + 1, costs)
+
+  def _epoch(self, session, i, resume, on_step, writer):
+    """Trains epoch i (from 0), validates on the chief; records it."""
+    config, m = self.config, self.m
+    epoch_start = time.time()
+    lr = config.learning_rate * config.lr_decay ** max(
+        i + 1 - config.max_epoch, 0.0)
+    m.assign_lr(session, lr)
+    print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
+    self.where.update(phase="train", epoch=i + 1, step=0, costs=0.0)
+    train_perplexity = run_epoch(session, m, eval_op=m.train_op, verbose=True,
+                                 start=resume, on_step=on_step)
+    train_seconds = time.time() - epoch_start
+    wps = _epoch_words(m, resume) / train_seconds
+    print("Epoch: %d Train Perplexity: %.3f" % (i + 1, train_perplexity))
+    if not self.chief:
+      return
+    if self.cluster:
+      wps *= len(self.cluster.worker_hosts)
+      print("Epoch: %d Cluster speed: %.0f wps" % (i + 1, wps))
+    self.where.update(phase="valid", step=0,
+                      train_costs=(np.log(train_perplexity) *
+                                   m.input.epoch_size * m.input.num_steps))
+    valid_start = time.time()
+    valid_perplexity = run_epoch(session, self.mvalid, on_step=on_step)
+    print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
+    if self.checkpointer:
+      self.save(session, i + 1, 0, 0.0)
+    if writer:
+      _write_scalars(writer, session.run(self.global_step), {
+          "Training Loss": np.log(train_perplexity) * config.num_steps,
+          "Learning Rate": lr,
+          "Validation Loss": np.log(valid_perplexity) * config.num_steps})
+    self.summary.setdefault("epochs", []).append({
+        "epoch": i + 1, "learning_rate": lr,
+        "train_perplexity": float(train_perplexity),
+        "valid_perplexity": float(valid_perplexity),
+        "train_wps": wps, "train_seconds": train_seconds,
+        "valid_seconds": time.time() - valid_start})
+    _publish(self.summary, self.options, status="running")
+
+  def run(self):
+    """Trains all epochs, tests; prints the SPEC lines."""
+    with self._session() as session, SignalCatcher() as signals:
+      first_epoch, first_step, first_costs = self._initialize(session)
+      # Created only now, so that a refused checkpoint leaves the directory
+      # exactly as it was.
+      writer = (tf.compat.v1.summary.FileWriter(self.save_path)
+                if self.checkpointer else None)
+
+      def on_step(step, cost, costs):
+        self._on_step(session, signals, step, cost, costs)
+
+      try:
+        for i in range(first_epoch, self.config.max_max_epoch):
+          resume = ((first_step, first_costs)
+                    if i == first_epoch and first_step else None)
+          self._epoch(session, i, resume, on_step, writer)
+        if self.chief:
+          self.where.update(phase="test", epoch=self.config.max_max_epoch,
+                            step=0)
+          test_perplexity = run_epoch(session, self.mtest, on_step=on_step)
+      except Stop as e:
+        _publish(self.summary, self.options, status=(
+            "failed" if isinstance(e, UserError) else "interrupted"))
+        raise
+      except tf.errors.OpError as e:
+        if not self.cluster:
+          raise
+        _publish(self.summary, self.options, status="failed")
+        raise UserError(
+            "worker %d lost the cluster in the %s pass of epoch %d (%s: %s); "
+            "a ps or worker task stopped, or made no progress within "
+            "--cluster_timeout=%.0f s"
+            % (self.cluster.task_index, self.where["phase"],
+               self.where["epoch"], type(e).__name__,
+               e.message.splitlines()[0] if e.message else "",
+               self.options["cluster_timeout"])) from None
+      if self.chief:
+        print("Test Perplexity: %.3f" % test_perplexity)
+        self.summary["test_perplexity"] = float(test_perplexity)
+      _print_peak_memory(self.devices)
+      if self.checkpointer:
+        print("Saving model to %s." % self.save_path)
+        self.checkpointer.save(session, self.global_step)
+      session.run(self.done)
+      _publish(self.summary, self.options, status="finished")
+      if writer:
+        writer.close()
+
+
 def train(config, eval_config, data, devices, options):
   """Trains, validates and tests; prints the SPEC lines.
 
@@ -921,144 +1195,7 @@ def train(config, eval_config, data, devices, options):
     devices: training tower devices.
     options: dict of plain values from the flags (see main).
   """
-  save_path = options["save_path"]
-  sampler = options.get("sampler")
-  summary = options.get("summary") or {}
-  with tf.Graph().as_default():
-    if options["seed"] is not None:
-      tf.compat.v1.set_random_seed(options["seed"])
-    models = build_models(config, eval_config, data, devices,
-                          options["use_fp16"], options["eval_unroll"])
-    m, mvalid, mtest = models["train"], models["valid"], models["test"]
-    progress = Progress()
-    global_step = tf.compat.v1.train.get_global_step()
-    weights_finite = tf.reduce_all([
-        tf.reduce_all(tf.math.is_finite(v))
-        for v in tf.compat.v1.trainable_variables()])
-    checkpointer = None
-    if save_path:
-      Checkpointer.check_writable(save_path)
-      # The training pass's LSTM state and data position are saved too, so
-      # a run resumed mid-epoch continues exactly where it stopped.
-      checkpointer = Checkpointer(
-          save_path, tf.compat.v1.global_variables() + m.state_variables +
-          [m.input.position])
-    sess_config = session_config(devices, options["intra_op_threads"],
-                                 options["inter_op_threads"])
-    with tf.compat.v1.Session(config=sess_config) as session, \
-        SignalCatcher() as signals:
-      session.run([tf.compat.v1.global_variables_initializer(),
-                   tf.compat.v1.local_variables_initializer()])
-      first_epoch, first_step, first_costs = 0, 0, 0.0
-      if checkpointer and checkpointer.restore(session):
-        first_epoch, first_step, first_costs = progress.get(session)
-        print("Resuming from epoch %d step %d of %s"
-              % (first_epoch + 1, first_step, save_path), flush=True)
-      # Created only now, so that a refused checkpoint leaves the directory
-      # exactly as it was.
-      writer = (tf.compat.v1.summary.FileWriter(save_path)
-                if save_path else None)
-      where = {"phase": "train", "epoch": first_epoch + 1, "step": 0,
-               "costs": 0.0}
-
-      def save(epoch, step, costs):
-        # A finite cost does not prove that the update after it was finite.
-        if not session.run(weights_finite):
-          raise UserError("training diverged in epoch %d: the weights are not "
-                          "finite; the last good checkpoint in %s is kept"
-                          % (where["epoch"], save_path))
-        progress.set(session, epoch, step, costs)
-        return checkpointer.save(session, global_step)
-
-      def interrupted():
-        what = signal.Signals(signals.signum).name
-        if checkpointer is None:
-          saved = "nothing saved (no --save_path)"
-        elif where["phase"] == "train":
-          saved = "checkpoint saved to %s" % save(
-              where["epoch"] - 1, where["step"] + 1, where["costs"])
-        elif where["phase"] == "valid":
-          saved = "checkpoint saved to %s" % save(
-              where["epoch"] - 1, m.input.num_calls, where["train_costs"])
-        else:
-          saved = "the checkpoint of the last epoch is in %s" % save_path
-        return Stop("interrupted by %s in the %s pass of epoch %d at step %d "
-                    "(%s); run the same command to resume"
-                    % (what, where["phase"], where["epoch"], where["step"],
-                       saved), 128 + signals.signum)
-
-      def on_step(step, cost, costs):
-        where["step"], where["costs"] = step, costs
-        if sampler is not None:
-          sampler.set_phase(where["phase"], where["epoch"], step)
-        if signals.signum is not None:
-          raise interrupted()
-        if where["phase"] != "train":
-          return
-        if not np.isfinite(cost):
-          raise UserError(
-              "training diverged at epoch %d step %d: the cost is %s; %s"
-              % (where["epoch"], step + 1, cost,
-                 "the last good checkpoint in %s is kept" % save_path
-                 if save_path else "nothing was saved (no --save_path)"))
-        every = options.get("save_every_steps")
-        if checkpointer and every and (step + 1) % every == 0:
-          save(where["epoch"] - 1, step + 1, costs)
-
-      try:
-        for i in range(first_epoch, config.max_max_epoch):
-          epoch_start = time.time()
-          lr_decay = config.lr_decay ** max(i + 1 - config.max_epoch, 0.0)
-          m.assign_lr(session, config.learning_rate * lr_decay)
-
-          print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
-          where.update(phase="train", epoch=i + 1, step=0, costs=0.0)
-          resume = ((first_step, first_costs)
-                    if i == first_epoch and first_step else None)
-          train_perplexity = run_epoch(session, m, eval_op=m.train_op,
-                                       verbose=True, start=resume,
-                                       on_step=on_step)
-          train_seconds = time.time() - epoch_start
-          print("Epoch: %d Train Perplexity: %.3f" % (i + 1, train_perplexity))
-          where.update(phase="valid", step=0,
-                       train_costs=(np.log(train_perplexity) *
-                                    m.input.epoch_size * m.input.num_steps))
-          valid_start = time.time()
-          valid_perplexity = run_epoch(session, mvalid, on_step=on_step)
-          print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
-          if checkpointer:
-            save(i + 1, 0, 0.0)
-          if writer:
-            _write_scalars(writer, session.run(global_step), {
-                "Training Loss": np.log(train_perplexity) * config.num_steps,
-                "Learning Rate": config.learning_rate * lr_decay,
-                "Validation Loss": np.log(valid_perplexity) * config.num_steps})
-          summary.setdefault("epochs", []).append({
-              "epoch": i + 1,
-              "learning_rate": config.learning_rate * lr_decay,
-              "train_perplexity": float(train_perplexity),
-              "valid_perplexity": float(valid_perplexity),
-              "train_wps": _epoch_words(m, resume) / train_seconds,
-              "train_seconds": train_seconds,
-              "valid_seconds": time.time() - valid_start})
-          _publish(summary, options, status="running")
-
-        where.update(phase="test", epoch=config.max_max_epoch, step=0)
-        test_perplexity = run_epoch(session, mtest, on_step=on_step)
-      except Stop as e:
-        _publish(summary, options, status=("failed" if isinstance(
-            e, UserError) else "interrupted"))
-        raise
-      print("Test Perplexity: %.3f" % test_perplexity)
-      summary["test_perplexity"] = float(test_perplexity)
-      _print_peak_memory(devices)
-
-      if save_path:
-        print("Saving model to %s." % save_path)
-        checkpointer.save(session, global_step)
-      _publish(summary, options, status="finished")
-      if writer:
-        writer.close()
+  TrainingRun(config, eval_config, data, devices, options).run()
 
 
 def _epoch_words(model, resume):
@@ -1124,6 +1261,24 @@ def load_data(data_path, config, num_towers=1):
 
 def main(_):
   start_time = time.time()
+  try:
+    cluster = cluster_lib.from_flags(
+        FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
+        os.environ.get("TF_CONFIG"))
+  except cluster_lib.ClusterError as e:
+    raise UserError(str(e), exit_code=2) from None
+  if not FLAGS.cluster_timeout > 0:
+    raise UserError("--cluster_timeout=%s must be positive"
+                    % FLAGS.cluster_timeout, exit_code=2)
+  if cluster and cluster.job_name == "ps":
+    try:
+      cluster_lib.run_ps(cluster, FLAGS.cluster_timeout)
+    except cluster_lib.ClusterError as e:
+      raise UserError(str(e)) from None
+    return
+  if cluster and FLAGS.save_every_steps:
+    raise UserError("--save_every_steps is for one process: a cluster saves "
+                    "at the end of every epoch", exit_code=2)
   if not FLAGS.data_path:
     raise UserError("Must set --data_path to PTB data directory "
                     "(simple-examples/data)", exit_code=2)
@@ -1148,6 +1303,7 @@ def main(_):
              "eval_unroll": FLAGS.eval_unroll, "seed": FLAGS.seed,
              "save_every_steps": FLAGS.save_every_steps,
              "summary_json": FLAGS.summary_json, "start_time": start_time,
+             "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout,
              "summary": {
                  "command": list(sys.argv), "model": FLAGS.model,
                  "rnn_mode": config.rnn_mode.upper(),
@@ -1164,7 +1320,8 @@ def main(_):
     sampler.start()
   options["sampler"] = sampler
   try:
-    data = load_data(FLAGS.data_path, config, len(devices))
+    data = load_data(FLAGS.data_path, config, len(devices) * (
+        len(cluster.worker_hosts) if cluster else 1))
     train(config, eval_config, data, devices, options)
   except reader.DataError as e:
     raise UserError(str(e)) from None
@@ -1176,8 +1333,9 @@ def main(_):
 def run_main(main_fn=None):
   """Entry point: graph mode, and user errors as one line without traceback."""
   tf.compat.v1.disable_eager_execution()
-  # Saver's "Restoring parameters" INFO lines are noise next to ours.
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.WARN)
+  # Saver's "Restoring parameters" lines and deprecation notices of the
+  # TF1 API this port deliberately uses are noise next to its output.
+  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
   try:
     app.run(main_fn or main)
   except Stop as e:

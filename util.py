@@ -81,6 +81,103 @@ def average_gradients(tower_grads):
   return [_average(list(grads)) for grads in zip(*tower_grads)]
 
 
+def local_variable(initial_value, name):
+  """A non-trainable variable that stays on the device of the current scope.
+
+  Local variables (LSTM state, data position) belong to one process. Under a
+  replica_device_setter every variable would go to a parameter server;
+  colocating with an op created here keeps them on this worker, as
+  SyncReplicasOptimizer does for its local step. They are in
+  LOCAL_VARIABLES, so the default Saver and global initialiser skip them.
+  """
+  anchor = tf.no_op(name=name + "_anchor")
+  with tf.compat.v1.colocate_with(anchor):
+    return tf.compat.v1.Variable(
+        initial_value, trainable=False, name=name,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+
+class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
+  """Plain SGD that first clips the gradients to one global norm.
+
+  Clipping inside apply_gradients puts it after any aggregation (the towers'
+  average, the workers' average in synchronous_update), so the norm is that
+  of the one update applied.
+  """
+
+  def __init__(self, learning_rate, max_grad_norm):
+    super().__init__(learning_rate)
+    self._max_grad_norm = max_grad_norm
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    grads, tvars = zip(*grads_and_vars)
+    grads, _ = tf.clip_by_global_norm(grads, self._max_grad_norm)
+    return super().apply_gradients(zip(grads, tvars), global_step, name)
+
+
+def synchronous_update(grads_and_vars, optimizer, global_step, replica,
+                       num_replicas):
+  """One update per step from the average of every replica's gradients.
+
+  Between-graph replication: each of `num_replicas` processes builds this
+  with its own `replica` index. Every replica puts its gradients into
+  accumulators on the variables' devices (the parameter servers); replica 0
+  (the chief) takes their average once all replicas have contributed,
+  applies it with `optimizer` (which clips), and then hands one token to each
+  replica's own queue. A replica waits for its own token, so no replica can
+  run ahead and contribute twice to one step: every step averages exactly one
+  gradient per replica, like the towers of one process.
+  (SyncReplicasOptimizer shares one token queue, from which a fast replica
+  may take a slow one's token.)
+
+  Args:
+    grads_and_vars: this replica's gradients (tensors or IndexedSlices).
+    optimizer: applies the averaged gradients.
+    global_step: incremented once per update.
+    replica, num_replicas: this replica's index and the count.
+
+  Returns:
+    The train op of this replica.
+  """
+  grads_and_vars = list(grads_and_vars)
+  local_step = local_variable(tf.constant(0, tf.int64), "sync_local_step")
+  pushes, accumulators = [], []
+  for grad, var in grads_and_vars:
+    with tf.device(var.device):
+      shared = "sync_accumulator/" + var.op.name
+      if isinstance(grad, tf.IndexedSlices):
+        acc = tf.compat.v1.SparseConditionalAccumulator(
+            grad.dtype, var.shape, shared_name=shared)
+        pushes.append(acc.apply_indexed_slices_grad(grad, local_step))
+      else:
+        acc = tf.compat.v1.ConditionalAccumulator(grad.dtype, var.shape,
+                                                  shared_name=shared)
+        pushes.append(acc.apply_grad(grad, local_step))
+      accumulators.append(acc)
+  with tf.device(global_step.device):
+    tokens = [tf.queue.FIFOQueue(-1, tf.int64, shapes=[[]],
+                                 shared_name="sync_token_queue_%d" % r)
+              for r in range(num_replicas)]
+  ready = tf.group(*pushes)
+  if replica == 0:
+    with tf.control_dependencies([ready]):
+      averaged = []
+      for acc, (_, var) in zip(accumulators, grads_and_vars):
+        with tf.device(var.device):
+          if isinstance(acc, tf.compat.v1.SparseConditionalAccumulator):
+            averaged.append(acc.take_indexed_slices_grad(num_replicas))
+          else:
+            averaged.append(acc.take_grad(num_replicas))
+      update = optimizer.apply_gradients(
+          zip(averaged, [v for _, v in grads_and_vars]), global_step)
+    with tf.control_dependencies([update]), tf.device(global_step.device):
+      ready = tf.group(*[q.enqueue(local_step) for q in tokens])
+  with tf.control_dependencies([ready]):
+    token = tokens[replica].dequeue()
+  with tf.control_dependencies([token]):
+    return local_step.assign_add(1)
+
+
 def zero_state(num_layers, batch_size, hidden_size, dtype):
   """A tuple of `num_layers` LSTMStateTuple of zeros, `[batch, hidden]` each."""
   zeros = tf.zeros([batch_size, hidden_size], dtype)
