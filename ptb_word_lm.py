@@ -66,13 +66,14 @@ flags.DEFINE_string("save_path", None,
 flags.DEFINE_bool("use_fp16", False,
                   "Train using 16-bit floats instead of 32bit floats")
 flags.DEFINE_integer("num_gpus", 1,
-                     "If larger than 1, Grappler AutoParallel optimizer "
-                     "will create multiple training replicas with each GPU "
-                     "running one replica.")
+                     "GPUs to train on; 0 trains on the CPU. Above 1, one "
+                     "tower per GPU, each on its own rows of the batch, with "
+                     "the gradients averaged.")
 flags.DEFINE_string("rnn_mode", None,
-                    "The low level implementation of lstm cell: one of CUDNN, "
-                    "BASIC, and BLOCK, representing cudnn_lstm, basic_lstm, "
-                    "and lstm_block_cell classes.")
+                    "The low level implementation of the LSTM: BASIC (core "
+                    "ops), BLOCK (fused BlockLSTM) or CUDNN (cuDNN, GPUs "
+                    "only); any case. Overrides the config; unset on the CPU "
+                    "it is the fastest CPU mode (see README).")
 flags.DEFINE_string(
     "config_overrides", None,
     "Comma-separated field=value pairs that change the chosen config for this "
@@ -201,13 +202,20 @@ class PTBInput(object):
 
 
 def _lstm_basic_forward(x, c, h, kernel, bias):
-  """Forward pass from core ops, keeping what the backward pass needs."""
+  """Forward pass from core ops, keeping what the backward pass needs.
+
+  Returns:
+    (outputs `[T, B, H]`, per-step activations: a dict of lists of T
+    `[B, H]` tensors under "i", "cs", "f", "o", "ci", "co" as BlockLSTM
+    names them, and "c_prev", "h_prev").
+  """
   num_steps, input_size = x.shape[0], x.shape[2]
   w_x, w_h = kernel[:input_size], kernel[input_size:]
   # One large matmul for the input projection of every step; only the
   # recurrent product h @ w_h has to wait for the previous step.
-  x_proj = tf.tensordot(x, w_x, 1) + bias
-  acts = {k: [] for k in ("i", "ci", "f", "o", "cs", "co", "h_prev", "c_prev")}
+  x_proj = tf.unstack(tf.tensordot(x, w_x, 1) + bias)
+  acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
+                          "h_prev")}
   outputs = []
   for t in range(num_steps):
     gates = x_proj[t] + tf.matmul(h, w_h)
@@ -218,55 +226,101 @@ def _lstm_basic_forward(x, c, h, kernel, bias):
     c = f * c + i * ci
     co = tf.tanh(c)
     h = o * co
-    for k, v in (("i", i), ("ci", ci), ("f", f), ("o", o), ("cs", c),
+    for k, v in (("i", i), ("cs", c), ("f", f), ("o", o), ("ci", ci),
                  ("co", co)):
       acts[k].append(v)
     outputs.append(h)
-  return tf.stack(outputs), c, h, acts
+  return tf.stack(outputs), acts
+
+
+def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
+  """Backward pass of one LSTM layer, batched over time where it can be.
+
+  The recurrence runs step by step with the fused elementwise gradient
+  kernel LSTMBlockCellGrad (canonical gate layout) and one matmul per step
+  for the recurrent input. The weight gradient is then ONE matmul over all
+  time steps, and so is the input gradient, instead of a small one per step
+  (what BlockLSTMGrad does, and why it is slow on the CPU).
+
+  Args:
+    x: `[T, B, I]` layer inputs.
+    kernel, bias: the canonical weights.
+    acts: per-step activations, as _lstm_basic_forward returns them.
+    d_outputs: `[T, B, H]` or None; d_c, d_h: `[B, H]` or None.
+
+  Returns:
+    (d_x, d_c0, d_h0, d_kernel, d_bias).
+  """
+  num_steps, input_size = x.shape[0], x.shape[2]
+  hidden = kernel.shape[1] // 4
+  w_h = kernel[input_size:]
+  zeros_h = tf.zeros([hidden], kernel.dtype)
+  d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
+  d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
+  d_out = tf.unstack(d_outputs) if d_outputs is not None else None
+  x_steps = tf.unstack(x)
+  d_gates = [None] * num_steps
+  for t in reversed(range(num_steps)):
+    if d_out is not None:
+      d_h = d_h + d_out[t]
+    step = {k: acts[k][t] for k in ("i", "cs", "f", "o", "ci", "co")}
+    d_c, d_gates[t], _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
+        x=x_steps[t], cs_prev=acts["c_prev"][t], h_prev=acts["h_prev"][t],
+        w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
+        cs_grad=d_c, h_grad=d_h, use_peephole=False, **step)
+    d_h = tf.matmul(d_gates[t], w_h, transpose_b=True)
+  d_gates = tf.stack(d_gates)                               # [T, B, 4H]
+  flat_g = tf.reshape(d_gates, [-1, 4 * hidden])
+  xh = tf.concat([x, tf.stack(acts["h_prev"])], 2)          # [T, B, I + H]
+  d_kernel = tf.matmul(tf.reshape(xh, [-1, input_size + hidden]), flat_g,
+                       transpose_a=True)
+  d_bias = tf.reduce_sum(flat_g, 0)
+  d_x = tf.tensordot(d_gates, kernel[:input_size], [[2], [1]])
+  return d_x, d_c, d_h, d_kernel, d_bias
 
 
 @tf.custom_gradient
 def _lstm_basic_layer(x, c0, h0, kernel, bias):
-  """BASIC LSTM layer with a hand-written backward pass.
-
-  The forward pass is the plain cell from matmul and elementwise ops. The
-  backward pass runs the recurrence step by step with the fused elementwise
-  gradient kernel (LSTMBlockCellGrad, which has the same gate layout) and
-  one matmul per step for the recurrent input; every weight gradient is then
-  ONE large matmul over all time steps instead of one small one per step.
-  Tests check it against BLOCK's registered gradient and a numerical one.
-  """
-  outputs, c_last, h_last, acts = _lstm_basic_forward(x, c0, h0, kernel, bias)
+  """BASIC: the cell from matmul and elementwise ops; _lstm_backward."""
+  outputs, acts = _lstm_basic_forward(x, c0, h0, kernel, bias)
 
   def grad(d_outputs, d_c, d_h):
-    num_steps, input_size = x.shape[0], x.shape[2]
-    hidden = h0.shape[1]
-    w_h = kernel[input_size:]
-    zeros_h = tf.zeros([hidden], kernel.dtype)
-    d_c = tf.zeros_like(c_last) if d_c is None else d_c
-    d_h = tf.zeros_like(h_last) if d_h is None else d_h
-    d_out = tf.unstack(d_outputs) if d_outputs is not None else None
-    d_gates = [None] * num_steps
-    for t in reversed(range(num_steps)):
-      if d_out is not None:
-        d_h = d_h + d_out[t]
-      d_c, d_gates[t], _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
-          x=x[t], cs_prev=acts["c_prev"][t], h_prev=acts["h_prev"][t],
-          w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
-          i=acts["i"][t], cs=acts["cs"][t], f=acts["f"][t], o=acts["o"][t],
-          ci=acts["ci"][t], co=acts["co"][t], cs_grad=d_c, h_grad=d_h,
-          use_peephole=False)
-      d_h = tf.matmul(d_gates[t], w_h, transpose_b=True)
-    d_gates = tf.stack(d_gates)                       # [T, B, 4H]
-    xh = tf.concat([x, tf.stack(acts["h_prev"])], 2)  # [T, B, I + H]
-    flat_g = tf.reshape(d_gates, [-1, 4 * hidden])
-    d_kernel = tf.matmul(tf.reshape(xh, [-1, input_size + hidden]), flat_g,
-                         transpose_a=True)
-    d_bias = tf.reduce_sum(flat_g, 0)
-    d_x = tf.tensordot(d_gates, kernel[:input_size], [[2], [1]])
-    return d_x, d_c, d_h, d_kernel, d_bias
+    return _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h)
 
-  return (outputs, c_last, h_last), grad
+  return (outputs, acts["cs"][-1], outputs[-1]), grad
+
+
+def _block_lstm(x, c0, h0, kernel, bias):
+  """tf.raw_ops.BlockLSTM over all steps; returns its 7 outputs `[T, B, H]`."""
+  zeros_h = tf.zeros([h0.shape[1]], kernel.dtype)
+  # BlockLSTM (V1) has the canonical gate layout; its defaults (forget_bias
+  # 1.0, cell_clip 3.0) differ from the model's, so both are passed. A
+  # negative cell_clip turns clipping off.
+  return tf.raw_ops.BlockLSTM(
+      seq_len_max=tf.constant(x.shape[0], tf.int64), x=x, cs_prev=c0,
+      h_prev=h0, w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
+      forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
+
+
+@tf.custom_gradient
+def _lstm_block_layer(x, c0, h0, kernel, bias):
+  """BLOCK: the fused BlockLSTM forward; _lstm_backward.
+
+  BlockLSTM's registered gradient (BlockLSTMGrad) computes the weight
+  gradient as one small matmul per step; _lstm_backward gives the same
+  numbers (tests compare them) several times faster on the CPU.
+  """
+  outputs = _block_lstm(x, c0, h0, kernel, bias)
+  acts = {k: tf.unstack(v) for k, v in
+          zip(("i", "cs", "f", "o", "ci", "co"), outputs[:6])}
+  h = outputs[6]
+  acts["c_prev"] = [c0] + acts["cs"][:-1]
+  acts["h_prev"] = [h0] + tf.unstack(h)[:-1]
+
+  def grad(d_outputs, d_c, d_h):
+    return _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h)
+
+  return (h, acts["cs"][-1], h[-1]), grad
 
 
 def _build_basic(x, state, kernel, bias):
@@ -275,16 +329,8 @@ def _build_basic(x, state, kernel, bias):
 
 
 def _build_block(x, state, kernel, bias):
-  hidden = state.h.shape[1]
-  zeros_h = tf.zeros([hidden], kernel.dtype)
-  # BlockLSTM (V1) has the canonical gate layout; its defaults (forget_bias
-  # 1.0, cell_clip 3.0) differ from the model's, so both are passed. A
-  # negative cell_clip turns clipping off.
-  _, cs, _, _, _, _, h = tf.raw_ops.BlockLSTM(
-      seq_len_max=tf.constant(x.shape[0], tf.int64), x=x, cs_prev=state.c,
-      h_prev=state.h, w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
-      forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
-  return h, util.LSTMStateTuple(cs[-1], h[-1])
+  outputs, c, h = _lstm_block_layer(x, state.c, state.h, kernel, bias)
+  return outputs, util.LSTMStateTuple(c, h)
 
 
 def _cudnn_params(kernel, bias, input_size, hidden):
@@ -475,6 +521,10 @@ class PTBModel(object):
     size, num_layers = config.hidden_size, config.num_layers
     keep_prob = config.keep_prob if self._is_training else 1.0
 
+    # The original fed the state through feed_dict, and with --num_gpus=0
+    # it re-imported zero replicas of the training state: nothing was fed
+    # and every step started from zeros. Here the state lives in the graph,
+    # the same way on every device setting.
     state_var = util.local_variable(
         tf.zeros([num_layers, 2, batch_size, size], dtype), "lstm_state")
     initial_state = util.unpack_state(state_var.read_value(), num_layers)
@@ -671,6 +721,8 @@ def run_epoch(session, model, eval_op=None, verbose=False, start=None,
 def get_config(model, rnn_mode=None):
   """Returns a fresh config instance for `model`, with `rnn_mode` if given."""
   if model not in CONFIGS:
+    # The original raised ValueError("Invalid model: %s", model): a tuple,
+    # never formatted. Here the message is formatted and lists the choices.
     raise UserError("Invalid model: %s; valid values are %s"
                     % (model, ", ".join(CONFIGS)), exit_code=2)
   config = CONFIGS[model]()

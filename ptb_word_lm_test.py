@@ -57,11 +57,20 @@ class TinyConfig(object):
   rnn_mode = ptb_word_lm.BASIC
 
 
+# BlockLSTM with TensorFlow's registered gradient (BlockLSTMGrad): an
+# independent reference for the hand-written backward pass of both modes.
+REGISTERED = "block_lstm_registered_gradient"
+
+
 def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
   """One LSTM layer's outputs and gradients for numpy inputs."""
   x, c0, h0, kernel, bias, dy, dc, dh = (tf.constant(v, dtype) for v in inputs)
-  outputs, state = ptb_word_lm.lstm_layer(
-      rnn_mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+  if rnn_mode == REGISTERED:
+    block = ptb_word_lm._block_lstm(x, c0, h0, kernel, bias)
+    outputs, state = block[6], util.LSTMStateTuple(block[1][-1], block[6][-1])
+  else:
+    outputs, state = ptb_word_lm.lstm_layer(
+        rnn_mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
   # A loss that weighs every output and the final state differently.
   loss = (tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c * dc) +
           tf.reduce_sum(state.h * dh))
@@ -101,16 +110,17 @@ class LstmLayerTest(tf.test.TestCase):
       for g, w in zip(got, want):
         self.assertAllClose(g, w, rtol=1e-5, atol=1e-6, msg=mode)
 
-  def testBasicEqualsBlockValuesAndGradients(self):
+  def testBasicAndBlockEqualBlockLstmWithItsRegisteredGradient(self):
     inputs = random_layer_inputs()
     results = {}
-    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+    for mode in (REGISTERED, ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
       with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         results[mode] = sess.run(layer_outputs(mode, inputs))
     names = ["outputs", "c", "h", "d_x", "d_c0", "d_h0", "d_kernel", "d_bias"]
-    for name, basic, block in zip(names, results[ptb_word_lm.BASIC],
-                                  results[ptb_word_lm.BLOCK]):
-      self.assertAllClose(basic, block, rtol=1e-5, atol=1e-6, msg=name)
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      for name, got, want in zip(names, results[mode], results[REGISTERED]):
+        self.assertAllClose(got, want, rtol=1e-5, atol=1e-6,
+                            msg="%s %s" % (mode, name))
 
   def testGradientsAgreeWithNumericalGradient(self):
     # Float64 numerics in the reference, float32 in the ops: the numerical
