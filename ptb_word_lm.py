@@ -210,7 +210,7 @@ def _lstm_basic_forward(x, c, h, kernel, bias):
     names them, and "c_prev", "h_prev").
   """
   num_steps, input_size = x.shape[0], x.shape[2]
-  w_x, w_h = kernel[:input_size], kernel[input_size:]
+  w_x, w_h = tf.split(kernel, [input_size, kernel.shape[0] - input_size])
   # One large matmul for the input projection of every step; only the
   # recurrent product h @ w_h has to wait for the previous step.
   x_proj = tf.unstack(tf.tensordot(x, w_x, 1) + bias)
@@ -253,7 +253,10 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   """
   num_steps, input_size = x.shape[0], x.shape[2]
   hidden = kernel.shape[1] // 4
-  w_h = kernel[input_size:]
+  w_x, w_h = tf.split(kernel, [input_size, hidden])
+  # Transposed once here: a matmul with transpose_b=True in the loop runs at
+  # two thirds of the speed on the CPU (oneDNN) for these shapes.
+  w_h_t = tf.transpose(w_h)
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
   d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
@@ -268,14 +271,14 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
         x=x_steps[t], cs_prev=acts["c_prev"][t], h_prev=acts["h_prev"][t],
         w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
         cs_grad=d_c, h_grad=d_h, use_peephole=False, **step)
-    d_h = tf.matmul(d_gates[t], w_h, transpose_b=True)
+    d_h = tf.matmul(d_gates[t], w_h_t)
   d_gates = tf.stack(d_gates)                               # [T, B, 4H]
   flat_g = tf.reshape(d_gates, [-1, 4 * hidden])
   xh = tf.concat([x, tf.stack(acts["h_prev"])], 2)          # [T, B, I + H]
   d_kernel = tf.matmul(tf.reshape(xh, [-1, input_size + hidden]), flat_g,
                        transpose_a=True)
   d_bias = tf.reduce_sum(flat_g, 0)
-  d_x = tf.tensordot(d_gates, kernel[:input_size], [[2], [1]])
+  d_x = tf.tensordot(d_gates, w_x, [[2], [1]])
   return d_x, d_c, d_h, d_kernel, d_bias
 
 
