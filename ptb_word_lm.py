@@ -962,11 +962,10 @@ class Checkpointer(object):
                 "absent" if here is None else here))
 
   def restore(self, session):
-    """Restores the latest checkpoint, if any; returns its path or None."""
+    """Restores the latest checkpoint after checking it fits; returns it."""
     ckpt = self.latest()
-    if ckpt:
-      self.check_compatible(ckpt)
-      self._saver.restore(session, ckpt)
+    self.check_compatible(ckpt)
+    self._saver.restore(session, ckpt)
     return ckpt
 
   def save(self, session, global_step):
@@ -1073,7 +1072,6 @@ class TrainingRun(object):
     elif ckpt:
       # Restoring initialises the variables: other workers wait for exactly
       # that, so they never see freshly initialised weights.
-      self.checkpointer.check_compatible(ckpt)
       session.run(self.local_init)
       self.checkpointer.restore(session)
     else:

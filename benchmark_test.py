@@ -1,0 +1,79 @@
+"""Tests of benchmark.py."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import tensorflow as tf
+
+import benchmark
+import ptb_word_lm
+import ptb_word_lm_test as lm_test
+
+
+class BenchmarkTest(tf.test.TestCase):
+
+  def testTrainFlopsPerWord(self):
+    # small: 2 layers of [400 x 800] gates, softmax [200 x 10000]; forward
+    # 2 * (2*400*800) + 2*200*10000 FLOPs, training three times that.
+    self.assertEqual(benchmark.train_flops_per_word(ptb_word_lm.SmallConfig()),
+                     3 * (2 * 2 * 400 * 800 + 2 * 200 * 10000))
+    self.assertEqual(benchmark.train_flops_per_word(ptb_word_lm.LargeConfig()),
+                     3 * (2 * 2 * 3000 * 6000 + 2 * 1500 * 10000))
+
+  def testEveryCombinationAndJson(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      out_json = os.path.join(tmp, "bench.json")
+      proc = subprocess.run(
+          [sys.executable, os.path.join(lm_test.HERE, "benchmark.py"),
+           "--data_path=" + tmp, "--model=test", "--rnn_mode=BASIC,block",
+           "--num_gpus=0", "--steps=3", "--warmup=1",
+           "--config_overrides=vocab_size=100", "--output_json=" + out_json],
+          capture_output=True, text=True, timeout=600)
+      self.assertEqual(proc.returncode, 0, proc.stderr)
+      with open(out_json) as f:
+        report = json.load(f)
+    lines = proc.stdout.splitlines()
+    rows = [l for l in lines if l.startswith("model=")]
+    self.assertLen(rows, 2)
+    self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
+                     r"train_flops_per_word=\S+ gflops=\S+ "
+                     r"ceiling_gflops=\S+ mfu=\S+ peak_rss_mib=\d+$")
+    self.assertIn("rnn_mode=BLOCK", rows[1])
+    self.assertRegex(lines[-1], r"^wps: \d+$")
+    results = report["results"]
+    self.assertEqual([r["rnn_mode"] for r in results], ["BASIC", "BLOCK"])
+    self.assertEqual(lines[-1], "wps: %.0f" % results[-1]["wps"])
+    for r in results:
+      self.assertEqual(r["steps"], 3)
+      self.assertGreater(r["ceiling_gflops"], 1)
+      self.assertAllClose(r["mfu"], r["gflops"] / r["ceiling_gflops"])
+      self.assertAllClose(r["gflops"],
+                          r["wps"] * r["train_flops_per_word"] / 1e9)
+
+
+class EvalUnrollTest(tf.test.TestCase):
+  """Many windows per session call give the perplexities of one per call."""
+
+  def testPerplexitiesDoNotDependOnEvalUnroll(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      figures = []
+      for unroll in ("1", "7", "200"):
+        code, out, err = lm_test.run_script(
+            "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--seed=2",
+            "--eval_unroll=" + unroll)
+        self.assertEqual(code, 0, err)
+        figures.append([float(v) for v in re.findall(
+            r"(?:Valid|Test) Perplexity: (\S+)", out)])
+    self.assertLen(figures[0], 2)
+    for other in figures[1:]:
+      self.assertAllClose(other, figures[0], rtol=1e-4)
+
+
+if __name__ == "__main__":
+  tf.test.main()
