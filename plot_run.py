@@ -13,17 +13,17 @@ import json
 import math
 import sys
 
-from absl import app
 from absl import flags
 
+# Its own flag registry, not absl's global one: ptb_word_lm.py defines a
+# --summary_json too, and both modules load together in one test process.
+FLAGS = flags.FlagValues()
 flags.DEFINE_string("summary_json", None, "Run summary written by "
-                    "ptb_word_lm.py.")
+                    "ptb_word_lm.py.", flag_values=FLAGS)
 flags.DEFINE_string("memory_csv", None, "Memory log written by "
-                    "monitor.MemorySampler; optional.")
-flags.DEFINE_string("output", None, "PNG file to write.")
-flags.mark_flags_as_required(["summary_json", "output"])
-
-FLAGS = flags.FLAGS
+                    "monitor.MemorySampler; optional.", flag_values=FLAGS)
+flags.DEFINE_string("output", None, "PNG file to write.", flag_values=FLAGS)
+flags.mark_flags_as_required(["summary_json", "output"], flag_values=FLAGS)
 
 _PROGRAM = "plot_run.py"
 _MIB = 1024.0 * 1024.0
@@ -225,9 +225,14 @@ def _epoch_values(epochs, key):
   return xs, ys
 
 
-def _integer_epochs(ax):
+def _integer_epochs(ax, xs):
+  """Whole-epoch ticks; one epoch alone would otherwise get 0.95, 1.05."""
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+  if len(xs) <= 20:
+    ax.set_xticks(sorted(set(xs)))
+  else:
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def _plain_log_labels(ax):
@@ -247,7 +252,7 @@ def _plot_speed(ax, epochs):
     return
   bars = ax.bar(xs, wps, color="#6baed6", width=0.6)
   ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
-  _integer_epochs(ax)
+  _integer_epochs(ax, xs)
   ax.set_ylim(0, max(wps) * 1.15)
   ax.set_xlabel("epoch")
   ax.set_ylabel("train speed (words/s)")
@@ -260,8 +265,10 @@ def _plot_perplexity(ax, epochs, test_perplexity):
   series = [("train", "train_perplexity", "#2171b5"),
             ("valid", "valid_perplexity", "#e6550d")]
   plotted = False
+  all_xs = []
   for label, key, color in series:
     xs, ys = _epoch_values(epochs, key)
+    all_xs += xs
     ys_positive = [(x, y) for x, y in zip(xs, ys) if y > 0]
     if ys_positive:
       ax.plot(*zip(*ys_positive), "o-", color=color, ms=5, label=label)
@@ -275,7 +282,8 @@ def _plot_perplexity(ax, epochs, test_perplexity):
     return
   ax.set_yscale("log")
   _plain_log_labels(ax)
-  _integer_epochs(ax)
+  if all_xs:
+    _integer_epochs(ax, all_xs)
   ax.set_xlabel("epoch")
   ax.set_ylabel("perplexity")
   ax.grid(True, which="both", axis="y", alpha=0.3)
@@ -365,5 +373,18 @@ def main(argv):
   return 0
 
 
+def run(argv):
+  """Parses the flags in `argv` and runs main; returns the exit status."""
+  if any(a in ("-h", "--help", "-?", "--helpfull") for a in argv[1:]):
+    print(__doc__)
+    print(FLAGS.get_help())
+    return 0
+  try:
+    rest = FLAGS(argv)
+  except flags.Error as e:
+    return _error(str(e))
+  return main(rest)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  sys.exit(run(sys.argv))
