@@ -329,17 +329,27 @@ class CommandLineTest(tf.test.TestCase):
       self.assertIn("Test Perplexity", out)
 
 
+def assert_user_error(test, args, pattern, code=1):
+  """Runs the script; checks exit `code`, one error line, no traceback.
+
+  Returns:
+    (stdout, stderr) for further checks.
+  """
+  exit_code, out, err = run_script(*args)
+  test.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
+  test.assertNotIn("Traceback", err)
+  error_lines = [l for l in err.splitlines()
+                 if l.startswith("ptb_word_lm.py: error:")]
+  test.assertLen(error_lines, 1, err)
+  test.assertRegex(error_lines[0], pattern)
+  return out, err
+
+
 class ErrorTest(tf.test.TestCase):
   """Every user error: one line on stderr, non-zero exit, no traceback."""
 
   def assertUserError(self, args, pattern, code=1):
-    exit_code, out, err = run_script(*args)
-    self.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
-    self.assertNotIn("Traceback", err)
-    error_lines = [l for l in err.splitlines()
-                   if l.startswith("ptb_word_lm.py: error:")]
-    self.assertLen(error_lines, 1, err)
-    self.assertRegex(error_lines[0], pattern)
+    assert_user_error(self, args, pattern, code)
 
   def testNoDataPath(self):
     self.assertUserError(["--num_gpus=0"], "--data_path", code=2)

@@ -153,13 +153,7 @@ class BadInputTest(tf.test.TestCase):
   """Each bad input: one line, exit 1 (2 for usage), nothing written."""
 
   def assertRefused(self, args, pattern, code=1, save=None):
-    exit_code, out, err = lm_test.run_script(*args)
-    self.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
-    self.assertNotIn("Traceback", err)
-    lines = [l for l in err.splitlines()
-             if l.startswith("ptb_word_lm.py: error:")]
-    self.assertLen(lines, 1, err)
-    self.assertRegex(lines[0], pattern)
+    out, _ = lm_test.assert_user_error(self, args, pattern, code)
     self.assertNotIn("Epoch", out)
     if save:
       self.assertFalse(os.path.exists(save), "%s was written" % save)
