@@ -317,6 +317,18 @@ class CommandLineTest(tf.test.TestCase):
     self.assertTrue(np.isfinite(float(match.group(1))))
     self.assertLess(float(match.group(1)), 10000)
 
+  def testFp16TrainsInBothCpuModes(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp)
+      for mode in ("BASIC", "BLOCK"):
+        code, out, err = run_script("--data_path=" + tmp, "--model=test",
+                                    "--num_gpus=0", "--use_fp16",
+                                    "--rnn_mode=" + mode)
+        self.assertEqual(code, 0, err)
+        test = float(re.search(r"Test Perplexity: (\S+)", out).group(1))
+        self.assertTrue(np.isfinite(test), mode)
+        self.assertLess(test, 1000, mode)  # It learned: the start is ~10^4.
+
   def testShortEpochsPrintProgressWithoutDividingByZero(self):
     with tempfile.TemporaryDirectory() as tmp:
       make_corpus(tmp, train_lines=12)
