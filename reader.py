@@ -171,8 +171,9 @@ def producer(raw_data, batch_size, num_steps, steps_per_call=1,
       steps_per_call > 1 (with one window a call there is no padding).
 
   Returns:
-    A Producer: x, y (int32) and weights (float32, or None), each `[batch_size, steps_per_call * num_steps]`;
-    the position variable; the number of calls in an epoch.
+    A Producer: x, y (int32) and weights (float32, or None), each
+    `[batch_size, steps_per_call * num_steps]`; the position variable; the
+    number of calls in an epoch.
 
   Raises:
     DataError: epoch_size == 0.
