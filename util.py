@@ -178,12 +178,6 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
     return local_step.assign_add(1)
 
 
-def zero_state(num_layers, batch_size, hidden_size, dtype):
-  """A tuple of `num_layers` LSTMStateTuple of zeros, `[batch, hidden]` each."""
-  zeros = tf.zeros([batch_size, hidden_size], dtype)
-  return tuple(LSTMStateTuple(zeros, zeros) for _ in range(num_layers))
-
-
 def pack_state(state):
   """Packs a tuple of LSTMStateTuple into one `[layers, 2, batch, hidden]`."""
   return tf.stack([tf.stack([s.c, s.h]) for s in state])
