@@ -316,7 +316,8 @@ def _lstm_block_layer(x, c0, h0, kernel, bias):
 
   BlockLSTM's registered gradient (BlockLSTMGrad) computes the weight
   gradient as one small matmul per step; _lstm_backward gives the same
-  numbers (tests compare them) several times faster on the CPU.
+  numbers (tests compare them) faster on the CPU (small model: 6,409 against
+  4,028 words per second with BlockLSTMGrad).
   """
   outputs = _block_lstm(x, c0, h0, kernel, bias)
   acts = {k: tf.unstack(v) for k, v in
