@@ -140,23 +140,42 @@ class LstmLayerTest(tf.test.TestCase):
           self.assertLess(err, 2e-3, msg="%s %s" % (mode, var.name))
 
 
-class CrossEntropyTest(tf.test.TestCase):
+class SoftmaxLossTest(tf.test.TestCase):
 
-  def testMatchesTensorFlowLossAndGradient(self):
-    rng = np.random.RandomState(4)
-    logits = rng.uniform(-30, 30, size=(7, 11)).astype(np.float32)
-    labels = rng.randint(0, 11, size=7).astype(np.int32)
-    d_loss = rng.uniform(0, 2, size=7).astype(np.float32)
+  def _check(self, inputs, w, b, labels, d_loss):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-      l = tf.constant(logits)
-      ours = ptb_word_lm.sparse_softmax_cross_entropy(l, tf.constant(labels))
+      args = [tf.constant(v) for v in (inputs, w, b)]
+      ours = ptb_word_lm.softmax_loss(*args, tf.constant(labels))
       theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=labels, logits=l)
-      grads = [tf.compat.v1.gradients(loss * d_loss, l)[0]
+          labels=labels, logits=tf.matmul(args[0], args[1]) + args[2])
+      grads = [tf.compat.v1.gradients(loss * d_loss, args)
                for loss in (ours, theirs)]
       got, want, g_got, g_want = sess.run([ours, theirs] + grads)
     self.assertAllClose(got, want, rtol=1e-6, atol=1e-5)
-    self.assertAllClose(g_got, g_want, rtol=1e-6, atol=1e-7)
+    for g, w_ in zip(g_got, g_want):
+      self.assertAllClose(g, w_, rtol=1e-5, atol=1e-6)
+    return got
+
+  def testMatchesTensorFlowLossAndGradients(self):
+    rng = np.random.RandomState(4)
+    inputs = rng.uniform(-3, 3, size=(7, 5)).astype(np.float32)
+    w = rng.uniform(-2, 2, size=(5, 11)).astype(np.float32)
+    b = rng.uniform(-1, 1, size=11).astype(np.float32)
+    labels = rng.randint(0, 11, size=7).astype(np.int32)
+    d_loss = rng.uniform(0, 2, size=7).astype(np.float32)
+    self._check(inputs, w, b, labels, d_loss)
+
+  def testTargetProbabilityBelowFloatRangeGivesTheExactLoss(self):
+    # Row 1's target logit is 200 below the others: its probability, e^-200,
+    # is 0 in float32, and -log(p) would be inf. The loss must be 200.
+    inputs = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    w = np.array([[0.5, 0.0, 0.0], [0.0, 0.0, -200.0]], np.float32)
+    b = np.zeros(3, np.float32)
+    labels = np.array([0, 2], np.int32)
+    got = self._check(inputs, w, b, labels, np.ones(2, np.float32))
+    self.assertAllClose(got[1], 200.0 + np.log(2.0), rtol=1e-6)
+    self.assertAllClose(
+        got[0], np.log(np.exp(0.5) + 2.0) - 0.5, rtol=1e-6)
 
 
 def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),

@@ -116,6 +116,40 @@ class TowerTest(tf.test.TestCase):
       self.assertAllClose(got, want, rtol=0.01, msg=what)
 
 
+class ClippedGradientDescentTest(tf.test.TestCase):
+
+  def _step(self, dense_grad, sparse_values, max_norm, lr=0.5):
+    """One update of a dense [2, 2] and a sparse-updated [3, 2] variable."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      dense = tf.compat.v1.Variable(np.ones([2, 2], np.float32))
+      table = tf.compat.v1.Variable(np.ones([3, 2], np.float32))
+      sparse = tf.IndexedSlices(tf.constant(sparse_values, tf.float32),
+                                tf.constant([2, 0]), tf.constant([3, 2]))
+      op = util.ClippedGradientDescent(lr, max_norm).apply_gradients(
+          [(tf.constant(dense_grad, tf.float32), dense), (sparse, table)])
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(op)
+      return sess.run([dense, table])
+
+  def testUpdateIsThatOfTheClippedGradients(self):
+    dense_grad = np.array([[3.0, 0.0], [0.0, 0.0]], np.float32)
+    sparse_values = np.array([[0.0, 4.0], [0.0, 0.0]], np.float32)
+    # Global norm 5: with max_norm 2.5 every gradient is halved.
+    for max_norm, factor in ((10.0, 1.0), (2.5, 0.5)):
+      dense, table = self._step(dense_grad, sparse_values, max_norm)
+      self.assertAllClose(dense, 1.0 - 0.5 * factor * dense_grad)
+      want = np.ones([3, 2], np.float32)
+      want[2, 1] -= 0.5 * factor * 4.0
+      self.assertAllClose(table, want)
+
+  def testNonFiniteNormGivesNanWeightsLikeClipByGlobalNorm(self):
+    dense, table = self._step([[np.inf, 0.0], [0.0, 0.0]],
+                              [[0.0, 1.0], [0.0, 0.0]], 5.0)
+    self.assertTrue(np.isnan(dense).all())
+    self.assertTrue(np.isnan(table[[0, 2]]).all())
+    self.assertAllEqual(table[1], [1.0, 1.0])
+
+
 class CudnnLayoutTest(tf.test.TestCase):
 
   def _weights(self, input_size=3, hidden=4, seed=2):
