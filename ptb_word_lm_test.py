@@ -140,6 +140,50 @@ class LstmLayerTest(tf.test.TestCase):
           self.assertLess(err, 2e-3, msg="%s %s" % (mode, var.name))
 
 
+class LstmStackTest(tf.test.TestCase):
+  """The BASIC wavefront over all layers equals the layers one by one."""
+
+  def _run(self, rnn_mode, chunk, values):
+    x, states, kernels, biases, masks, dy, d_states = values
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      x = tf.constant(x)
+      states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
+                for c, h in states]
+      kernels = [tf.constant(k) for k in kernels]
+      biases = [tf.constant(b) for b in biases]
+      outputs, finals = ptb_word_lm.lstm_stack(
+          rnn_mode, x, states, kernels, biases,
+          [tf.constant(m) for m in masks], chunk=chunk)
+      loss = tf.reduce_sum(outputs * dy)
+      for (dc, dh), s in zip(d_states, finals):
+        loss += tf.reduce_sum(s.c * dc) + tf.reduce_sum(s.h * dh)
+      wrt = ([x] + [s.c for s in states] + [s.h for s in states] + kernels +
+             biases)
+      return sess.run([outputs] + [list(s) for s in finals] +
+                      tf.compat.v1.gradients(loss, wrt))
+
+  def testWavefrontEqualsLayerByLayerWithDropoutMasks(self):
+    rng = np.random.RandomState(7)
+    steps, batch, size, layers = 5, 3, 4, 3
+    u = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)
+    masks = [(rng.uniform(size=(steps, batch, size)) > 0.4).astype(np.float32)
+             / 0.6 for _ in range(layers - 1)]
+    values = (u(steps, batch, size),
+              [(u(batch, size), u(batch, size)) for _ in range(layers)],
+              [u(2 * size, 4 * size) for _ in range(layers)],
+              [u(4 * size) for _ in range(layers)], masks,
+              u(steps, batch, size),
+              [(u(batch, size), u(batch, size)) for _ in range(layers)])
+    want = self._run(ptb_word_lm.BLOCK, None, values)
+    # Chunks of 2 steps leave a last chunk of 1; None is one chunk.
+    for chunk in (2, None, 1):
+      got = self._run(ptb_word_lm.BASIC, chunk, values)
+      self.assertEqual(len(got), len(want))
+      for k, (g, w) in enumerate(zip(got, want)):
+        self.assertAllClose(g, w, rtol=1e-5, atol=1e-6,
+                            msg="chunk %s, result %d" % (chunk, k))
+
+
 class SoftmaxLossTest(tf.test.TestCase):
 
   def _check(self, inputs, w, b, labels, d_loss):
