@@ -206,7 +206,7 @@ class PTBInput(object):
 # ---------------------------------------------------------------------------
 
 
-def _blocks(x, chunk):
+def _blocks(x, chunk=None):
   """Time chunks of at most `chunk` steps (all if None) of `[T, ...]` x.
 
   A list of blocks `[C, ...]` is passed through: it is already chunked.
@@ -225,22 +225,21 @@ def _join(blocks):
   return blocks[0] if len(blocks) == 1 else tf.concat(blocks, 0)
 
 
-def _lstm_basic_forward(x, c, h, kernel, bias, chunk=None):
+def _lstm_basic_forward(x, c, h, kernel, bias):
   """Forward pass from core ops, keeping what the backward pass needs.
 
   Args:
-    x: `[T, B, I]` inputs, or a list of time blocks `[C, B, I]`.
+    x: `[T, B, I]` inputs, or a list of time blocks `[C, B, I]`: the
+      steps of a block wait only for that block's inputs.
     c, h: `[B, H]` initial state.
     kernel, bias: the canonical weights.
-    chunk: steps per block when x is a tensor (default: one block). The
-      steps of a block wait only for that block's inputs.
 
   Returns:
     (outputs: a list of T `[B, H]` tensors, per-step activations: a dict of
     lists of T `[B, H]` tensors under "i", "cs", "f", "o", "ci", "co" as
     BlockLSTM names them, and "c_prev", "h_prev").
   """
-  blocks = _blocks(x, chunk)
+  blocks = _blocks(x)
   input_size = blocks[0].shape[2]
   w_x, w_h = tf.split(kernel, [input_size, kernel.shape[0] - input_size])
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
@@ -266,7 +265,7 @@ def _lstm_basic_forward(x, c, h, kernel, bias, chunk=None):
   return outputs, acts
 
 
-def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h, chunk=None):
+def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   """Backward pass of one LSTM layer, batched over time where it can be.
 
   The recurrence runs step by step with the fused elementwise gradient
@@ -276,20 +275,19 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h, chunk=None):
   per step (what BlockLSTMGrad does, and why it is slow on the CPU).
 
   Args:
-    x: `[T, B, I]` layer inputs, or a list of time blocks `[C, B, I]`.
+    x: `[T, B, I]` layer inputs, or a list of time blocks `[C, B, I]`: the
+      layer below can start on a block's input gradient while this layer
+      works on the earlier steps.
     kernel, bias: the canonical weights.
     acts: per-step activations, as _lstm_basic_forward returns them.
     d_outputs: None, `[T, B, H]`, or a list of blocks like x's.
     d_c, d_h: `[B, H]` or None.
-    chunk: steps per block when x is a tensor (default: one block). The
-      layer below can start on a block's input gradient while this layer
-      works on the earlier steps.
 
   Returns:
     (d_x: a list of blocks `[C, B, I]` like x's, d_c0, d_h0, d_kernel,
     d_bias).
   """
-  blocks = _blocks(x, chunk)
+  blocks = _blocks(x)
   sizes = [b.shape[0] for b in blocks]
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
@@ -300,8 +298,12 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h, chunk=None):
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
   d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
-  d_out_blocks = (_blocks(d_outputs, max(sizes))
-                  if d_outputs is not None else [None] * len(blocks))
+  if d_outputs is None:
+    d_out_blocks = [None] * len(blocks)
+  elif tf.is_tensor(d_outputs) and len(blocks) > 1:
+    d_out_blocks = tf.split(d_outputs, sizes)
+  else:
+    d_out_blocks = _blocks(d_outputs)
   gate_blocks, d_x = [None] * len(blocks), [None] * len(blocks)
   end = sum(sizes)
   for k in reversed(range(len(blocks))):
