@@ -737,6 +737,9 @@ class PTBModel(object):
     inputs = tf.nn.embedding_lookup(embedding, tf.transpose(input_data))
     if keep_prob < 1:
       inputs = tf.nn.dropout(inputs, rate=1 - keep_prob)
+    # Dropout between layers as masks (0 or 1 / keep_prob, drawn like
+    # tf.nn.dropout's), so that the BASIC wavefront can apply them a chunk
+    # at a time.
     masks = None
     if keep_prob < 1:
       shape = [inputs.shape[0], batch_size, size]
