@@ -488,10 +488,11 @@ def _basic_stack(x, states, kernels, biases, masks, chunk):
                                           bs[l])
       layer_acts.append(acts)
       finals.append((acts["cs"][-1], outputs[-1]))
-      inputs = [tf.stack(outputs[s - n:s]) for s, n in
-                zip(np.cumsum(sizes), sizes)]
-      if mask_blocks and l < num_layers - 1:
-        inputs = [b * m for b, m in zip(inputs, mask_blocks[l])]
+      if l < num_layers - 1:
+        inputs = [tf.stack(outputs[s - n:s]) for s, n in
+                  zip(np.cumsum(sizes), sizes)]
+        if mask_blocks:
+          inputs = [b * m for b, m in zip(inputs, mask_blocks[l])]
 
     def grad(d_outputs, *d_states):
       d_cs, d_hs = d_states[:num_layers], d_states[num_layers:]
@@ -507,7 +508,7 @@ def _basic_stack(x, states, kernels, biases, masks, chunk):
       return ([_join(d_out)] + d_c0s + d_h0s + d_ks + d_bs +
               [None] * len(mask_blocks))
 
-    return ((_join(inputs),) + tuple(c for c, _ in finals) +
+    return ((tf.stack(outputs),) + tuple(c for c, _ in finals) +
             tuple(h for _, h in finals)), grad
 
   results = stack(x, *([s.c for s in states] + [s.h for s in states] +
