@@ -13,9 +13,14 @@ The last line printed is `wps: N` for the last combination.
 """
 
 import json
+import sys
 import time
 
-from absl import app
+if __name__ == "__main__":
+  # Keras stays out of the process, as in ptb_word_lm.py (see there).
+  sys.modules.setdefault("keras", None)
+
+from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
