@@ -420,6 +420,23 @@ def assert_user_error(test, args, pattern, code=1):
   return out, err
 
 
+class StartupTest(tf.test.TestCase):
+
+  def testEntryPointsKeepKerasOut(self):
+    # -X importtime lists on stderr every module the process imports.
+    for script in ("ptb_word_lm.py", "benchmark.py"):
+      proc = subprocess.run(
+          [sys.executable, "-X", "importtime", script, "--helpshort"],
+          capture_output=True, text=True, timeout=600, cwd=HERE)
+      self.assertIn("--data_path", proc.stdout, msg=proc.stderr[-2000:])
+      imported = [line.rsplit("|", 1)[-1].strip()
+                  for line in proc.stderr.splitlines()
+                  if line.startswith("import time:")]
+      self.assertIn("tensorflow", imported, msg=script)
+      self.assertEqual(
+          [m for m in imported if m.split(".")[0] == "keras"], [], msg=script)
+
+
 class ErrorTest(tf.test.TestCase):
   """Every user error: one line on stderr, non-zero exit, no traceback."""
 
