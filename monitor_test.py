@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +39,32 @@ class RssTest(unittest.TestCase):
       source = f.read()
     self.assertNotIn("import tensorflow", source)
     self.assertNotIn("import matplotlib", source)
+
+
+class ReduceMemoryFootprintTest(unittest.TestCase):
+  """In a fresh interpreter each: the settings are for the whole process."""
+
+  def _run(self, env):
+    code = ("import sys, monitor; limited = monitor.reduce_memory_footprint();"
+            "import tensorflow; print(limited, 'keras' in sys.modules and "
+            "sys.modules['keras'] is not None)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, timeout=600, env=env,
+                          cwd=os.path.dirname(os.path.abspath(__file__)))
+    self.assertEqual(proc.returncode, 0, msg=proc.stderr[-2000:])
+    return proc.stdout.split()
+
+  def testTensorFlowImportsWithoutKerasAndArenasAreLimited(self):
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    limited, keras_loaded = self._run(env)
+    self.assertEqual(keras_loaded, "False")
+    if sys.platform.startswith("linux") and os.confstr(
+        "CS_GNU_LIBC_VERSION"):
+      self.assertEqual(limited, "True")
+
+  def testEnvironmentArenaLimitWins(self):
+    limited, _ = self._run(dict(os.environ, MALLOC_ARENA_MAX="4"))
+    self.assertEqual(limited, "False")
 
 
 class MemorySamplerTest(unittest.TestCase):

@@ -48,13 +48,11 @@ import time
 # still reach Python as exceptions. A user who wants the logs sets
 # TF_CPP_MIN_LOG_LEVEL themselves.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import monitor  # pylint: disable=g-bad-import-order
 if __name__ == "__main__":
-  # `import tensorflow` imports Keras 3 eagerly (and with it matplotlib,
-  # scipy and h5py): about 70 MiB of resident memory and a second of start-up
-  # in every run, for a library this program never uses. TensorFlow carries
-  # on when that import fails, so the entry points (this one and
-  # benchmark.py) make it fail; a module that imports this one keeps Keras.
-  sys.modules.setdefault("keras", None)
+  # Before TensorFlow is imported: no Keras, two malloc arenas.
+  monitor.reduce_memory_footprint()
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -62,7 +60,6 @@ import numpy as np
 import tensorflow as tf
 
 import cluster as cluster_lib
-import monitor
 import reader
 import util
 
