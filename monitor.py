@@ -1,7 +1,8 @@
 """Process memory instrumentation for training runs.
 
 Standard library only: importing this module loads neither TensorFlow nor
-matplotlib, so it can measure a process before either is imported.
+matplotlib, so it can measure a process before either is imported, and set
+up the process before TensorFlow is (reduce_memory_footprint).
 
   with monitor.MemorySampler("memory.csv") as sampler:
     sampler.set_phase("train", epoch, step)
@@ -81,9 +82,10 @@ def reduce_memory_footprint():
     allocates at the same time as another, and each keeps its own freed
     memory. TensorFlow's threads allocate the many small tensors of an LSTM
     step (up to 256 KiB; larger ones come from its own pool) in several
-    arenas at once, and the peak RSS of the large model varied by 180 MiB
-    between identical runs. Two arenas took 40 to 160 MiB off it, with the
-    speed unchanged within the noise (7 interleaved pairs, small and large).
+    arenas at once, and the peak RSS of the large model varied by up to
+    180 MiB between identical runs. Two arenas took 40 to 160 MiB off it in
+    10 interleaved pairs, with the speed unchanged within the noise (7
+    pairs, small and large).
     glibc applies the limit to threads that have not allocated yet, hence
     before TensorFlow starts any. MALLOC_ARENA_MAX in the environment wins.
 
