@@ -250,11 +250,16 @@ def _lstm_basic_forward(x, c, h, kernel, bias):
                           "h_prev")}
   outputs = []
   for block in blocks:
-    # One large matmul for the input projection of a block of steps; only
-    # the recurrent product h @ w_h has to wait for the previous step.
-    for x_t in tf.unstack(tf.tensordot(block, w_x, 1)):
-      # MatMul, BiasAdd, Add: one fused oneDNN op after Grappler's remapper.
-      gates = tf.nn.bias_add(tf.matmul(h, w_h), bias) + x_t
+    # One large matmul for the input projection of a block of steps, with
+    # the bias; only the recurrent product h @ w_h has to wait for the
+    # previous step. Per step a plain MatMul and an Add: with the bias
+    # added per step, Grappler's remapper fused MatMul, BiasAdd and Add
+    # into one oneDNN op that first copies its addend into the output (a
+    # reorder per step), and the forward step took 0.19 instead of 0.10 ms
+    # on small (two layers side by side); training steps 1-6 % faster on
+    # small, equal on medium and large (median, in-process interleaved).
+    for x_t in tf.unstack(tf.nn.bias_add(tf.tensordot(block, w_x, 1), bias)):
+      gates = tf.matmul(h, w_h) + x_t
       i, j, f, o = tf.split(gates, 4, axis=1)
       i, ci, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
       acts["c_prev"].append(c)
