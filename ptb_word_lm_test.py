@@ -139,7 +139,6 @@ class LstmLayerTest(tf.test.TestCase):
               var, var.shape.as_list(), loss, [], delta=1e-3)
           self.assertLess(err, 2e-3, msg="%s %s" % (mode, var.name))
 
-
   def testBackwardCopiesOnlyTheRecurrentWeightsTransposed(self):
     """The backward pass transposes w_h once and its step matmuls use it.
 
@@ -175,6 +174,7 @@ class LstmLayerTest(tf.test.TestCase):
                 if "FoldTransposeIntoMatMul" in n.node_name and
                 "Tensordot" not in n.node_name]
       self.assertEqual(folded, [], msg=mode)
+
 
 class LstmStackTest(tf.test.TestCase):
   """The BASIC wavefront over all layers equals the layers one by one."""
