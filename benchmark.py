@@ -4,7 +4,9 @@ Builds the very training graph ptb_word_lm.py trains (same functions), runs
 warm-up steps and timed steps on the real data, and prints per combination
 of --model and --rnn_mode: words per second, the analytic training FLOPs per
 word, the achieved GFLOP/s, the float32 matrix-multiply ceiling TensorFlow
-reaches in this process, their ratio (model FLOP utilisation) and peak RSS.
+reaches in this process, their ratio (model FLOP utilisation), peak RSS and
+whether the per-step recurrent products ran on this project's AVX-512 kernels
+(recurrent=kernels) or on tf.matmul (recurrent=matmul; lstm_kernels.py).
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
@@ -81,6 +83,12 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
       tf.compat.v1.set_random_seed(FLAGS.seed)
     model = ptb_word_lm.build_model("Train", True, config, train_data, devices,
                                     FLAGS.use_fp16)
+    # Whether the recurrent products run on lstm_kernels' ops: figures of
+    # machines compare only like with like.
+    recurrent = "matmul"
+    if any(op.type == "PanelMatMul"
+           for op in tf.compat.v1.get_default_graph().get_operations()):
+      recurrent = "kernels"
     with tf.compat.v1.Session(config=session_config) as session:
       session.run([tf.compat.v1.global_variables_initializer(),
                    tf.compat.v1.local_variables_initializer()])
@@ -98,7 +106,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   return {"model": model_name, "rnn_mode": config.rnn_mode.upper(),
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
-          "gflops": wps * flops / 1e9}
+          "gflops": wps * flops / 1e9, "recurrent": recurrent}
 
 
 def main(_):
@@ -128,7 +136,8 @@ def main(_):
       print("model=%(model)s rnn_mode=%(rnn_mode)s wps=%(wps).0f "
             "train_flops_per_word=%(train_flops_per_word).4g "
             "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
-            "mfu=%(mfu).3f peak_rss_mib=%(peak_rss_mib).0f" % r, flush=True)
+            "mfu=%(mfu).3f peak_rss_mib=%(peak_rss_mib).0f "
+            "recurrent=%(recurrent)s" % r, flush=True)
   if FLAGS.output_json:
     with open(FLAGS.output_json, "w") as f:
       json.dump({"tensorflow": tf.__version__, "devices": devices,

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,6 +11,7 @@ import tempfile
 import tensorflow as tf
 
 import benchmark
+import lstm_kernels
 import ptb_word_lm
 import ptb_word_lm_test as lm_test
 
@@ -42,7 +44,8 @@ class BenchmarkTest(tf.test.TestCase):
     self.assertLen(rows, 2)
     self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
                      r"train_flops_per_word=\S+ gflops=\S+ "
-                     r"ceiling_gflops=\S+ mfu=\S+ peak_rss_mib=\d+$")
+                     r"ceiling_gflops=\S+ mfu=\S+ peak_rss_mib=\d+ "
+                     r"recurrent=matmul$")
     self.assertIn("rnn_mode=BLOCK", rows[1])
     self.assertRegex(lines[-1], r"^wps: \d+$")
     results = report["results"]
@@ -54,6 +57,26 @@ class BenchmarkTest(tf.test.TestCase):
       self.assertAllClose(r["mfu"], r["gflops"] / r["ceiling_gflops"])
       self.assertAllClose(r["gflops"],
                           r["wps"] * r["train_flops_per_word"] / 1e9)
+
+  def testReportsTheKernelsWhereTheModelUsesThem(self):
+    # Hidden 512 is where ptb_word_lm starts to use lstm_kernels' ops.
+    want = "kernels"
+    if not lstm_kernels.cpu_has_avx512() or not shutil.which(
+        os.environ.get("CXX") or "g++"):
+      want = "matmul"
+    with tempfile.TemporaryDirectory() as tmp:
+      lm_test.make_corpus(tmp)
+      proc = subprocess.run(
+          [sys.executable, os.path.join(lm_test.HERE, "benchmark.py"),
+           "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
+           "--warmup=1",
+           "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10"],
+          capture_output=True, text=True, timeout=600,
+          env=dict(os.environ, PTB_KERNEL_DIR=tmp))
+      self.assertEqual(proc.returncode, 0, proc.stderr)
+    rows = [l for l in proc.stdout.splitlines() if l.startswith("model=")]
+    self.assertLen(rows, 1)
+    self.assertTrue(rows[0].endswith(" recurrent=" + want), rows[0])
 
 
 class EvalUnrollTest(tf.test.TestCase):

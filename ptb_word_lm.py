@@ -60,6 +60,7 @@ import numpy as np
 import tensorflow as tf
 
 import cluster as cluster_lib
+import lstm_kernels
 import reader
 import util
 
@@ -229,6 +230,77 @@ def _join(blocks):
   return blocks[0] if len(blocks) == 1 else tf.concat(blocks, 0)
 
 
+# The AVX-512 kernels (lstm_kernels.py) do the per-step recurrent products
+# from this hidden size and batch on: in one process, training steps
+# interleaved, median step time 12-18 % lower on medium (650) and large
+# (1500), 2-5 % higher on small (200: its products fit in the L2 cache and
+# oneDNN is as fast; the weight packing is then pure cost). With batch 1
+# (the test pass: 20 words per session call) the packing, 7.6 and 9.5 ms
+# per layer on large, would be repeated at every call, for 20 products of
+# one row each.
+_KERNEL_MIN_HIDDEN = 512
+_KERNEL_MIN_BATCH = 8
+
+
+def _recurrent_kernels(like, hidden):
+  """The kernels' op library for a layer, or None to use tf.matmul.
+
+  Args:
+    like: a `[B, ...]` tensor of the layer, built on its tower's device.
+    hidden: the layer's hidden size.
+  """
+  if (like.dtype != tf.float32 or hidden < _KERNEL_MIN_HIDDEN or
+      (like.shape[0] or 0) < _KERNEL_MIN_BATCH or
+      "GPU" in like.device.upper()):
+    return None
+  return lstm_kernels.load()
+
+
+def _forward_product(w_h, like):
+  """The forward step's product: a function (h, x) -> h @ w_h + x.
+
+  Args:
+    w_h: `[H, 4H]` recurrent weights.
+    like: a `[B, ...]` tensor of the layer, on its tower's device.
+
+  Returns:
+    A function of h `[B, H]` and x `[B, 4H]` returning `[B, 4H]`.
+  """
+  kernels = _recurrent_kernels(like, w_h.shape[0])
+  if kernels is None:
+    return lambda h, x: tf.matmul(h, w_h) + x
+  panels = kernels.pack_panels(w_h, transpose=False)
+  return lambda h, x: kernels.panel_mat_mul(h, panels, x)
+
+
+def _backward_product(w_h, like):
+  """The backward step's product: a function d_gates -> d_gates @ w_h^T.
+
+  Args:
+    w_h: `[H, 4H]` recurrent weights.
+    like: a `[B, ...]` tensor of the layer, on its tower's device.
+
+  Returns:
+    A function of d_gates `[B, 4H]` returning `[B, H]`.
+  """
+  kernels = _recurrent_kernels(like, w_h.shape[0])
+  if kernels is not None:
+    panels = kernels.pack_panels(w_h, transpose=True)
+    zeros = tf.zeros([like.shape[0], w_h.shape[0]], w_h.dtype)
+    return lambda d_gates: kernels.panel_mat_mul(d_gates, panels, zeros)
+  # w_h transposed once, so that the per-step product [B, 4H] x [4H, H]
+  # needs no transpose_b: 2.47 instead of 2.79 ms on large, steps 4 %
+  # faster on medium and large. Grappler folds a Transpose that feeds a
+  # MatMul back into transpose_b=True; the Snapshot between them (which
+  # forwards its input's buffer, no copy) keeps it. Only w_h: the input
+  # half's product is one large matmul per chunk, as fast either way, and a
+  # transposed copy of the whole kernel kept 2 x 69 MiB more alive during
+  # the large model's step (peak RSS of its training 1,547 and 1,600
+  # against 1,388 and 1,403 MiB).
+  w_h_t = tf.raw_ops.Snapshot(input=tf.transpose(w_h))
+  return lambda d_gates: tf.matmul(d_gates, w_h_t)
+
+
 def _lstm_basic_forward(x, c, h, kernel, bias):
   """Forward pass from core ops, keeping what the backward pass needs.
 
@@ -249,17 +321,19 @@ def _lstm_basic_forward(x, c, h, kernel, bias):
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
+  product = _forward_product(w_h, h)
   for block in blocks:
     # One large matmul for the input projection of a block of steps, with
     # the bias; only the recurrent product h @ w_h has to wait for the
-    # previous step. Per step a plain MatMul and an Add: with the bias
-    # added per step, Grappler's remapper fused MatMul, BiasAdd and Add
-    # into one oneDNN op that first copies its addend into the output (a
-    # reorder per step), and the forward step took 0.19 instead of 0.10 ms
-    # on small (two layers side by side); training steps 1-6 % faster on
-    # small, equal on medium and large (median, in-process interleaved).
+    # previous step. Without the kernels, per step a plain MatMul and an
+    # Add: with the bias added per step, Grappler's remapper fused MatMul,
+    # BiasAdd and Add into one oneDNN op that first copies its addend into
+    # the output (a reorder per step), and the forward step took 0.19
+    # instead of 0.10 ms on small (two layers side by side); training steps
+    # 1-6 % faster on small, equal on medium and large (median, in-process
+    # interleaved).
     for x_t in tf.unstack(tf.nn.bias_add(tf.tensordot(block, w_x, 1), bias)):
-      gates = tf.matmul(h, w_h) + x_t
+      gates = product(h, x_t)
       i, j, f, o = tf.split(gates, 4, axis=1)
       i, ci, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
       acts["c_prev"].append(c)
@@ -301,16 +375,7 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
   w_x, w_h = tf.split(kernel, [input_size, hidden])
-  # w_h transposed once, so that the per-step product [B, 4H] x [4H, H]
-  # needs no transpose_b: 2.47 instead of 2.79 ms on large, steps 4 %
-  # faster on medium and large. Grappler folds a Transpose that feeds a
-  # MatMul back into transpose_b=True; the Snapshot between them (which
-  # forwards its input's buffer, no copy) keeps it. Only w_h: the input
-  # half's product is one large matmul per chunk, as fast either way, and a
-  # transposed copy of the whole kernel kept 2 x 69 MiB more alive during
-  # the large model's step (peak RSS of its training 1,547 and 1,600
-  # against 1,388 and 1,403 MiB).
-  w_h_t = tf.raw_ops.Snapshot(input=tf.transpose(w_h))
+  product = _backward_product(w_h, acts["cs"][-1])
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
   d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
@@ -337,7 +402,7 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
           x=x_steps[s], cs_prev=acts["c_prev"][t], h_prev=acts["h_prev"][t],
           w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
           cs_grad=d_c, h_grad=d_h, use_peephole=False, **step)
-      d_h = tf.matmul(d_gates[s], w_h_t)
+      d_h = product(d_gates[s])
     gate_blocks[k] = tf.stack(d_gates)                       # [C, B, 4H]
     d_x[k] = tf.tensordot(gate_blocks[k], w_x, [[2], [1]])
     end = start

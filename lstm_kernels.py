@@ -1,0 +1,150 @@
+"""AVX-512 kernels for the LSTM's per-step recurrent products, built on use.
+
+Every step of an LSTM layer multiplies a `[batch, K]` state by a `[K, N]`
+weight matrix (h @ w_h forward, d_gates @ w_h^T backward) with batch = 20.
+TensorFlow's oneDNN runs these products at 90-130 GFLOP/s on 2 cores: its
+general GEMM re-packs the weights at every call and its register tile is
+made for more rows. `lstm_kernels.cc` packs the weights once per training
+step into panels of 32 columns (PackPanels) and streams them through a
+10-row x 32-column register tile with software prefetch (PanelMatMul): 1.3x
+faster per product on medium and large, training steps 12-18 % shorter
+(README, "Performance").
+
+TensorFlow has no such kernel, so it is compiled here, once per machine and
+TensorFlow version, with the C++ compiler ($CXX, else g++) against the
+headers that the tensorflow wheel ships, and cached in $PTB_KERNEL_DIR
+(default ~/.cache/ptb_word_lm). Without a compiler, without AVX-512, or
+with PTB_LSTM_KERNELS=0 the model uses tf.matmul for these products: the
+same mathematics, a little slower. `load()` says which, once, in the log.
+
+Nothing here reads flags or builds models.
+"""
+
+import hashlib
+import os
+import subprocess
+import tempfile
+import time
+
+from absl import logging
+import tensorflow as tf
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "lstm_kernels.cc")
+# Seconds a build may take (about 15 s on a 2-core machine).
+_BUILD_TIMEOUT = 600
+
+_state = {"loaded": False, "library": None, "reason": None}
+
+
+def cache_dir():
+  """Where built kernels are kept: $PTB_KERNEL_DIR or the user's cache."""
+  explicit = os.environ.get("PTB_KERNEL_DIR")
+  if explicit:
+    return explicit
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "ptb_word_lm")
+
+
+def cpu_has_avx512(cpuinfo="/proc/cpuinfo"):
+  """True if `cpuinfo` lists the avx512f CPU flag (False if unreadable)."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("flags"):
+          return "avx512f" in line.split()
+  except OSError:
+    pass
+  return False
+
+
+def _compiler():
+  return os.environ.get("CXX") or "g++"
+
+
+def _build_command(source, output):
+  return ([_compiler(), "-std=c++17", "-shared", "-fPIC", "-O3",
+           "-Wno-deprecated-declarations", source, "-o", output] +
+          tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags())
+
+
+def library_path(source=_SOURCE):
+  """The cached library for this source, compiler and TensorFlow."""
+  with open(source, "rb") as f:
+    digest = hashlib.sha256(f.read())
+  digest.update(" ".join(_build_command("", "")).encode())
+  digest.update(tf.__version__.encode())
+  return os.path.join(cache_dir(),
+                      "lstm_kernels-%s.so" % digest.hexdigest()[:16])
+
+
+def build(source=_SOURCE):
+  """Compiles the kernels unless cached; returns the library's path.
+
+  Raises:
+    RuntimeError: the compiler is missing, failed or took too long; the
+      message ends with the compiler's last lines of output.
+  """
+  path = library_path(source)
+  if os.path.exists(path):
+    return path
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  # Built under a temporary name and renamed into place, so that processes
+  # starting together (the workers of a cluster) never load a partial file.
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(path))
+  os.close(fd)
+  logging.info("Compiling the LSTM kernels (once per machine and TensorFlow "
+               "version, about 15 s)")
+  start = time.time()
+  try:
+    try:
+      result = subprocess.run(_build_command(source, tmp),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=_BUILD_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+      raise RuntimeError("could not run %s: %s" % (_compiler(), e)) from e
+    if result.returncode != 0:
+      tail = result.stdout.decode(errors="replace").strip().splitlines()[-5:]
+      raise RuntimeError("%s exited with status %d: %s" % (
+          _compiler(), result.returncode, " | ".join(tail)))
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  logging.info("Built the LSTM kernels in %.1f s: %s", time.time() - start,
+               path)
+  return path
+
+
+def load():
+  """The kernels' op library, or None if they cannot be used here.
+
+  Built and loaded once per process; the reason for None is logged once as a
+  warning and returned by `unavailable_reason()`.
+  """
+  if not _state["loaded"]:
+    _state["loaded"] = True
+    if os.environ.get("PTB_LSTM_KERNELS", "1") == "0":
+      _state["reason"] = "disabled by PTB_LSTM_KERNELS=0"
+    elif not cpu_has_avx512():
+      _state["reason"] = "the CPU has no AVX-512"
+    else:
+      try:
+        _state["library"] = tf.load_op_library(build())
+      except (RuntimeError, OSError, tf.errors.OpError) as e:
+        _state["reason"] = str(e)
+    if _state["library"] is None:
+      logging.warning("LSTM kernels not used (%s); the recurrent products "
+                      "use tf.matmul.", _state["reason"])
+  return _state["library"]
+
+
+def unavailable_reason():
+  """Why `load()` returned None (None if it has not or if it did not)."""
+  return _state["reason"]
+
+
+def reset():
+  """Forgets the outcome of `load()`, so that it tries again (tests)."""
+  _state.update(loaded=False, library=None, reason=None)

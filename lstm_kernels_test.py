@@ -1,0 +1,204 @@
+"""Tests of the AVX-512 recurrent-product kernels and of their use."""
+
+import os
+import shutil
+import tempfile
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+
+import lstm_kernels
+import ptb_word_lm
+import util
+
+_NO_AVX512 = "the CPU has no AVX-512 (these kernels' only target)"
+_KERNEL_DIR = tempfile.mkdtemp(prefix="ptb_kernels_")
+
+
+def setUpModule():
+  # One build for the whole module, in a directory of its own.
+  os.environ["PTB_KERNEL_DIR"] = _KERNEL_DIR
+  lstm_kernels.reset()
+
+
+def tearDownModule():
+  os.environ.pop("PTB_KERNEL_DIR", None)
+  lstm_kernels.reset()
+
+
+def kernels_or_skip(test):
+  if not lstm_kernels.cpu_has_avx512():
+    test.skipTest(_NO_AVX512)
+  if shutil.which(os.environ.get("CXX") or "g++") is None:
+    test.skipTest("no C++ compiler to build the kernels with")
+  library = lstm_kernels.load()
+  test.assertIsNotNone(library, lstm_kernels.unavailable_reason())
+  return library
+
+
+class PackPanelsTest(tf.test.TestCase):
+
+  def testPanelsHoldColumnBlocksPaddedWithZeros(self):
+    kernels = kernels_or_skip(self)
+    b = np.arange(3 * 40, dtype=np.float32).reshape(3, 40)   # [K, N]
+    for w, transpose in ((b, False), (b.T.copy(), True)):
+      panels = self.evaluate(kernels.pack_panels(w, transpose=transpose))
+      self.assertEqual(panels.shape, (2, 3, 32))
+      self.assertAllEqual(panels[0], b[:, :32])
+      self.assertAllEqual(panels[1, :, :8], b[:, 32:])
+      self.assertAllEqual(panels[1, :, 8:], np.zeros((3, 24)))
+      self.assertEqual(panels[1, 2, 7], 119.0)   # b[2, 39]
+
+
+class PanelMatMulTest(tf.test.TestCase):
+
+  def testEqualsMatMulPlusAddendOnOddShapes(self):
+    kernels = kernels_or_skip(self)
+    rng = np.random.RandomState(0)
+    # Rows: under, at and over the 10-row tile; columns: under, at and
+    # over the 32-column panel and its 16-column halves; K: any.
+    for m, k, n in ((1, 1, 1), (3, 5, 16), (10, 37, 31), (13, 64, 33),
+                    (20, 650, 148), (20, 148, 37)):
+      a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+      b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+      x = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+      want = a.astype(np.float64) @ b + x
+      for w, transpose in ((b, False), (b.T.copy(), True)):
+        got = self.evaluate(kernels.panel_mat_mul(
+            a, kernels.pack_panels(w, transpose=transpose), x))
+        self.assertAllClose(got, want, rtol=1e-5, atol=1e-5,
+                            msg="%s transpose=%s" % ((m, k, n), transpose))
+
+  def testMismatchedShapesAreAnError(self):
+    kernels = kernels_or_skip(self)
+    panels = kernels.pack_panels(np.ones((4, 40), np.float32),
+                                 transpose=False)
+    with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                "shapes do not match"):
+      self.evaluate(kernels.panel_mat_mul(np.ones((2, 5), np.float32), panels,
+                                          np.ones((2, 40), np.float32)))
+
+
+def _count_ops(graph, op_type):
+  return sum(op.type == op_type for op in graph.get_operations())
+
+
+class ModelProductsTest(tf.test.TestCase):
+  """The layers give the same numbers with the kernels as with tf.matmul."""
+
+  def _stack(self, rnn_mode, chunk, values, min_hidden):
+    """Outputs, final states and gradients of a 2-layer stack; op count."""
+    x, states, kernels, biases, dy = values
+    with mock.patch.object(ptb_word_lm, "_KERNEL_MIN_HIDDEN", min_hidden), \
+        tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
+      x = tf.constant(x)
+      states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
+                for c, h in states]
+      kernels = [tf.constant(k) for k in kernels]
+      biases = [tf.constant(b) for b in biases]
+      outputs, finals = ptb_word_lm.lstm_stack(rnn_mode, x, states, kernels,
+                                               biases, chunk=chunk)
+      loss = tf.reduce_sum(outputs * dy) + sum(
+          tf.reduce_sum(s.c) + 2 * tf.reduce_sum(s.h) for s in finals)
+      wrt = [x] + [s.h for s in states] + kernels + biases
+      results = sess.run([outputs] + [list(s) for s in finals] +
+                         tf.compat.v1.gradients(loss, wrt))
+      return results, _count_ops(graph, "PanelMatMul")
+
+  def testBasicAndBlockWithKernelsEqualWithout(self):
+    kernels_or_skip(self)
+    rng = np.random.RandomState(3)
+    # Hidden 37: 4H = 148 columns and H = 37 both end in a partial panel;
+    # batch 12: one 10-row tile and one of 2 rows.
+    steps, batch, size = 5, 12, 37
+    u = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)
+    values = (u(steps, batch, size),
+              [(u(batch, size), u(batch, size)) for _ in range(2)],
+              [u(2 * size, 4 * size) * 0.3 for _ in range(2)],
+              [u(4 * size) for _ in range(2)], u(steps, batch, size))
+    want, count = self._stack(ptb_word_lm.BLOCK, None, values, 10**9)
+    self.assertEqual(count, 0)
+    for mode, chunk in ((ptb_word_lm.BASIC, 2), (ptb_word_lm.BASIC, None),
+                        (ptb_word_lm.BLOCK, None)):
+      got, count = self._stack(mode, chunk, values, 0)
+      # BASIC: one product per step and layer forward and backward; BLOCK
+      # runs its own forward.
+      per_pass = 2 * steps
+      self.assertEqual(count, 2 * per_pass if mode == ptb_word_lm.BASIC
+                       else per_pass, msg=mode)
+      for k, (g, w) in enumerate(zip(got, want)):
+        self.assertAllClose(g, w, rtol=1e-5, atol=1e-5,
+                            msg="%s chunk %s result %d" % (mode, chunk, k))
+
+  def testTensorFlowProductsWhereKernelsDoNotPay(self):
+    with mock.patch.object(lstm_kernels, "load") as load:
+      load.return_value = object()
+      cases = (("float32 large", tf.float32, [20, 650], "", 650, True),
+               ("small hidden", tf.float32, [20, 200], "", 200, False),
+               ("batch 1 (test pass)", tf.float32, [1, 650], "", 650, False),
+               ("float16", tf.float16, [20, 650], "", 650, False),
+               ("GPU tower", tf.float32, [20, 650], "/gpu:0", 650, False))
+      for name, dtype, shape, device, hidden, wanted in cases:
+        with tf.Graph().as_default(), tf.device(device):
+          like = tf.compat.v1.placeholder(dtype, shape)
+          used = ptb_word_lm._recurrent_kernels(like, hidden) is not None
+        self.assertEqual(used, wanted, msg=name)
+
+
+class LoadTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    lstm_kernels.reset()
+    self.addCleanup(lstm_kernels.reset)
+
+  def testCpuFlagsAreRead(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "cpuinfo")
+      for flags, want in (("fpu sse avx2 avx512f avx512bw", True),
+                          ("fpu sse avx2 avx512bw", False)):
+        with open(path, "w") as f:
+          f.write("processor\t: 0\nflags\t\t: %s\n" % flags)
+        self.assertEqual(lstm_kernels.cpu_has_avx512(path), want)
+      self.assertFalse(lstm_kernels.cpu_has_avx512(path + ".missing"))
+
+  def testDisabledByEnvironment(self):
+    with mock.patch.dict(os.environ, {"PTB_LSTM_KERNELS": "0"}):
+      self.assertIsNone(lstm_kernels.load())
+    self.assertEqual(lstm_kernels.unavailable_reason(),
+                     "disabled by PTB_LSTM_KERNELS=0")
+
+  def testFailedBuildFallsBackToMatMul(self):
+    if not lstm_kernels.cpu_has_avx512():
+      self.skipTest(_NO_AVX512)
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(
+        os.environ, {"PTB_KERNEL_DIR": tmp, "CXX": "false"}):
+      with self.assertLogs(level="WARNING") as logs:
+        self.assertIsNone(lstm_kernels.load())
+      self.assertIn("false exited with status 1",
+                    lstm_kernels.unavailable_reason())
+      self.assertIn("tf.matmul", "\n".join(logs.output))
+      self.assertEqual(os.listdir(tmp), [])   # no partial library left
+      with mock.patch.object(ptb_word_lm, "_KERNEL_MIN_HIDDEN", 0), \
+          tf.Graph().as_default() as graph:
+        ptb_word_lm.lstm_layer(
+            ptb_word_lm.BASIC, tf.zeros([3, 10, 4]),
+            util.LSTMStateTuple(tf.zeros([10, 4]), tf.zeros([10, 4])),
+            tf.zeros([8, 16]), tf.zeros([16]))
+        self.assertEqual(_count_ops(graph, "PanelMatMul"), 0)
+        self.assertGreater(_count_ops(graph, "MatMul"), 0)
+
+  def testBuiltOnceThenLoadedFromTheCache(self):
+    if not lstm_kernels.cpu_has_avx512():
+      self.skipTest(_NO_AVX512)
+    path = lstm_kernels.build()
+    self.assertTrue(path.startswith(_KERNEL_DIR))
+    # A cached library is loaded without running the compiler.
+    with mock.patch.dict(os.environ, {"CXX": "false"}), \
+        mock.patch.object(lstm_kernels, "library_path", return_value=path):
+      self.assertIsNotNone(lstm_kernels.load())
+
+
+if __name__ == "__main__":
+  tf.test.main()
