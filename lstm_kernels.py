@@ -22,6 +22,7 @@ Nothing here reads flags or builds models.
 
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -63,6 +64,11 @@ def _compiler():
   return os.environ.get("CXX") or "g++"
 
 
+def compiler_found():
+  """True if the C++ compiler that `build()` runs is on the PATH."""
+  return shutil.which(_compiler()) is not None
+
+
 def _build_command(source, output):
   return ([_compiler(), "-std=c++17", "-shared", "-fPIC", "-O3",
            "-Wno-deprecated-declarations", source, "-o", output] +
@@ -77,6 +83,20 @@ def library_path(source=_SOURCE):
   digest.update(tf.__version__.encode())
   return os.path.join(cache_dir(),
                       "lstm_kernels-%s.so" % digest.hexdigest()[:16])
+
+
+def _compile(source, output):
+  """Runs the compiler; raises RuntimeError with its last lines if it fails."""
+  try:
+    result = subprocess.run(_build_command(source, output),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            timeout=_BUILD_TIMEOUT, check=False)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    raise RuntimeError("could not run %s: %s" % (_compiler(), e)) from e
+  if result.returncode != 0:
+    tail = result.stdout.decode(errors="replace").strip().splitlines()[-5:]
+    raise RuntimeError("%s exited with status %d: %s" % (
+        _compiler(), result.returncode, " | ".join(tail)))
 
 
 def build(source=_SOURCE):
@@ -98,16 +118,7 @@ def build(source=_SOURCE):
                "version, about 15 s)")
   start = time.time()
   try:
-    try:
-      result = subprocess.run(_build_command(source, tmp),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=_BUILD_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-      raise RuntimeError("could not run %s: %s" % (_compiler(), e)) from e
-    if result.returncode != 0:
-      tail = result.stdout.decode(errors="replace").strip().splitlines()[-5:]
-      raise RuntimeError("%s exited with status %d: %s" % (
-          _compiler(), result.returncode, " | ".join(tail)))
+    _compile(source, tmp)
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):

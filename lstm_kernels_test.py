@@ -1,7 +1,6 @@
 """Tests of the AVX-512 recurrent-product kernels and of their use."""
 
 import os
-import shutil
 import tempfile
 from unittest import mock
 
@@ -30,7 +29,7 @@ def tearDownModule():
 def kernels_or_skip(test):
   if not lstm_kernels.cpu_has_avx512():
     test.skipTest(_NO_AVX512)
-  if shutil.which(os.environ.get("CXX") or "g++") is None:
+  if not lstm_kernels.compiler_found():
     test.skipTest("no C++ compiler to build the kernels with")
   library = lstm_kernels.load()
   test.assertIsNotNone(library, lstm_kernels.unavailable_reason())
