@@ -50,9 +50,14 @@ class BenchmarkTest(tf.test.TestCase):
     results = report["results"]
     self.assertEqual([r["rnn_mode"] for r in results], ["BASIC", "BLOCK"])
     self.assertEqual(lines[-1], "wps: %.0f" % results[-1]["wps"])
+    # Each combination's ceiling is the better of the measurements just
+    # before and just after it; the one after is the next one's before.
+    self.assertEqual(results[1]["ceiling_trials_gflops"][0],
+                     results[0]["ceiling_trials_gflops"][1])
     for r in results:
       self.assertEqual(r["steps"], 3)
       self.assertGreater(r["ceiling_gflops"], 1)
+      self.assertEqual(r["ceiling_gflops"], max(r["ceiling_trials_gflops"]))
       self.assertAllClose(r["mfu"], r["gflops"] / r["ceiling_gflops"])
       self.assertAllClose(r["gflops"],
                           r["wps"] * r["train_flops_per_word"] / 1e9)
