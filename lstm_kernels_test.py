@@ -26,11 +26,15 @@ def tearDownModule():
   lstm_kernels.reset()
 
 
-def kernels_or_skip(test):
+def skip_unless_buildable(test):
   if not lstm_kernels.cpu_has_avx512():
     test.skipTest(_NO_AVX512)
   if not lstm_kernels.compiler_found():
     test.skipTest("no C++ compiler to build the kernels with")
+
+
+def kernels_or_skip(test):
+  skip_unless_buildable(test)
   library = lstm_kernels.load()
   test.assertIsNotNone(library, lstm_kernels.unavailable_reason())
   return library
@@ -189,8 +193,7 @@ class LoadTest(tf.test.TestCase):
         self.assertGreater(_count_ops(graph, "MatMul"), 0)
 
   def testBuiltOnceThenLoadedFromTheCache(self):
-    if not lstm_kernels.cpu_has_avx512():
-      self.skipTest(_NO_AVX512)
+    skip_unless_buildable(self)
     path = lstm_kernels.build()
     self.assertTrue(path.startswith(_KERNEL_DIR))
     # A cached library is loaded without running the compiler.
