@@ -301,6 +301,24 @@ def _backward_product(w_h, like):
   return lambda d_gates: tf.matmul(d_gates, w_h_t)
 
 
+def _split_kernel(kernel, input_size):
+  """The input rows `[I, 4H]` and the recurrent rows `[H, 4H]` of a kernel.
+
+  Split as one flat vector: TensorFlow splits along dim 0 without copying
+  when each piece starts on a 64-byte boundary, but for a 2-D tensor it
+  checks that through the row size alone. Medium's rows (2,600 floats) are
+  not a multiple of 16 floats, so each split copied the whole kernel (2.5
+  ms, four times a step), although its pieces do start on a boundary; in
+  1-D the pieces' own offsets are checked. (Pieces that do not start on
+  one are copied, as before.)
+  """
+  rows, cols = kernel.shape
+  w_x, w_h = tf.split(tf.reshape(kernel, [-1]),
+                      [input_size * cols, (rows - input_size) * cols])
+  return (tf.reshape(w_x, [input_size, cols]),
+          tf.reshape(w_h, [rows - input_size, cols]))
+
+
 def _lstm_basic_forward(x, c, h, kernel, bias):
   """Forward pass from core ops, keeping what the backward pass needs.
 
@@ -317,7 +335,7 @@ def _lstm_basic_forward(x, c, h, kernel, bias):
   """
   blocks = _blocks(x)
   input_size = blocks[0].shape[2]
-  w_x, w_h = tf.split(kernel, [input_size, kernel.shape[0] - input_size])
+  w_x, w_h = _split_kernel(kernel, input_size)
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
@@ -374,7 +392,7 @@ def _lstm_backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   sizes = [b.shape[0] for b in blocks]
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
-  w_x, w_h = tf.split(kernel, [input_size, hidden])
+  w_x, w_h = _split_kernel(kernel, input_size)
   product = _backward_product(w_h, acts["cs"][-1])
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c

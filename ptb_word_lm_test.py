@@ -78,6 +78,24 @@ def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
   return [outputs, state.c, state.h] + grads
 
 
+class _DLPackBuffer(object):
+  """An eager tensor's own buffer, in the form np.from_dlpack takes."""
+
+  def __init__(self, tensor):
+    self._capsule = tf.experimental.dlpack.to_dlpack(tensor)
+
+  def __dlpack__(self, stream=None, **_):
+    return self._capsule
+
+  def __dlpack_device__(self):
+    return (1, 0)   # kDLCPU, device 0
+
+
+def buffer_address(tensor):
+  """The address of an eager CPU tensor's data, not of a copy."""
+  return np.from_dlpack(_DLPackBuffer(tensor)).ctypes.data
+
+
 def random_layer_inputs(num_steps=6, batch=3, input_size=4, hidden=5, seed=1):
   rng = np.random.RandomState(seed)
   shapes = ([num_steps, batch, input_size], [batch, hidden], [batch, hidden],
@@ -174,6 +192,25 @@ class LstmLayerTest(tf.test.TestCase):
                 if "FoldTransposeIntoMatMul" in n.node_name and
                 "Tensordot" not in n.node_name]
       self.assertEqual(folded, [], msg=mode)
+
+  def testKernelSplitIsAViewOfTheKernel(self):
+    """The input and recurrent rows of medium's kernel are not copied.
+
+    Its rows (2,600 floats, 10,400 bytes) are not a multiple of 64 bytes,
+    so a split along dim 0 copied the kernel (tf.split checks the row size),
+    although both halves start on a 64-byte boundary. Buffer addresses are
+    read through DLPack: numpy() would copy.
+    """
+    kernel = tf.reshape(tf.range(1300 * 2600, dtype=tf.float32), [1300, 2600])
+    w_x, w_h = ptb_word_lm._split_kernel(kernel, 650)
+    self.assertAllEqual(w_x, kernel[:650])
+    self.assertAllEqual(w_h, kernel[650:])
+    base = buffer_address(kernel)
+    self.assertEqual([buffer_address(w_x) - base, buffer_address(w_h) - base],
+                     [0, 650 * 2600 * 4])
+    # The check itself can fail: tf.split of the 2-D kernel copies.
+    copied = tf.split(kernel, [650, 650])[1]
+    self.assertNotEqual(buffer_address(copied) - base, 650 * 2600 * 4)
 
 
 class LstmStackTest(tf.test.TestCase):
