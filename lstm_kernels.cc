@@ -26,7 +26,7 @@ constexpr int64_t kPrefetch = 32;  // panel rows (of 128 bytes) ahead
 
 // c[0:R, 0:32] = a[0:R, :] @ panel + x[0:R, 0:32] for one panel [K, 32],
 // the columns beyond the matrix masked off by m0 (first 16) and m1. At each
-// k it also prefetches kLines cache lines from `next` on (see PanelRows).
+// k it also prefetches kLines cache lines from `next` on (see PanelTiles).
 template <int R, int kLines>
 __attribute__((target("avx512f"))) void Tile(
     const float* a, int64_t lda, const float* panel, int64_t K,
