@@ -6,9 +6,10 @@ of --model and --rnn_mode: words per second, the analytic training FLOPs per
 word, the achieved GFLOP/s, the float32 matrix-multiply ceiling TensorFlow
 reaches in this process (the better of two measurements, just before and
 just after the combination's steps), their ratio (model FLOP utilisation),
-peak RSS and whether the per-step recurrent products ran on this project's
-AVX-512 kernels (recurrent=kernels) or on tf.matmul (recurrent=matmul;
-lstm_kernels.py).
+peak RSS, whether the per-step recurrent products ran on this project's
+AVX-512 kernels (recurrent=kernels) or on tf.matmul (recurrent=matmul), and
+whether the softmax layer ran on its kernel (softmax=kernel) or on
+TensorFlow's softmax (softmax=ops; lstm_kernels.py).
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
@@ -85,12 +86,12 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
       tf.compat.v1.set_random_seed(FLAGS.seed)
     model = ptb_word_lm.build_model("Train", True, config, train_data, devices,
                                     FLAGS.use_fp16)
-    # Whether the recurrent products run on lstm_kernels' ops: figures of
-    # machines compare only like with like.
-    recurrent = "matmul"
-    if any(op.type == "PanelMatMul"
-           for op in tf.compat.v1.get_default_graph().get_operations()):
-      recurrent = "kernels"
+    # Whether the model runs on lstm_kernels' ops: figures of machines
+    # compare only like with like.
+    types = {op.type
+             for op in tf.compat.v1.get_default_graph().get_operations()}
+    recurrent = "kernels" if "PanelMatMul" in types else "matmul"
+    softmax = "kernel" if "SoftmaxCrossEntropy" in types else "ops"
     with tf.compat.v1.Session(config=session_config) as session:
       session.run([tf.compat.v1.global_variables_initializer(),
                    tf.compat.v1.local_variables_initializer()])
@@ -108,7 +109,8 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   return {"model": model_name, "rnn_mode": config.rnn_mode.upper(),
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
-          "gflops": wps * flops / 1e9, "recurrent": recurrent}
+          "gflops": wps * flops / 1e9, "recurrent": recurrent,
+          "softmax": softmax}
 
 
 def main(_):
@@ -147,7 +149,7 @@ def main(_):
             "train_flops_per_word=%(train_flops_per_word).4g "
             "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
             "mfu=%(mfu).3f peak_rss_mib=%(peak_rss_mib).0f "
-            "recurrent=%(recurrent)s" % r, flush=True)
+            "recurrent=%(recurrent)s softmax=%(softmax)s" % r, flush=True)
   if FLAGS.output_json:
     with open(FLAGS.output_json, "w") as f:
       json.dump({"tensorflow": tf.__version__, "devices": devices,

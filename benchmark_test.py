@@ -15,6 +15,12 @@ import ptb_word_lm
 import ptb_word_lm_test as lm_test
 
 
+def _softmax_path():
+  """What benchmark.py should report for a float32 model on this CPU."""
+  buildable = lstm_kernels.cpu_has_avx512() and lstm_kernels.compiler_found()
+  return "kernel" if buildable else "ops"
+
+
 class BenchmarkTest(tf.test.TestCase):
 
   def testTrainFlopsPerWord(self):
@@ -44,7 +50,7 @@ class BenchmarkTest(tf.test.TestCase):
     self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
                      r"train_flops_per_word=\S+ gflops=\S+ "
                      r"ceiling_gflops=\S+ mfu=\S+ peak_rss_mib=\d+ "
-                     r"recurrent=matmul$")
+                     r"recurrent=matmul softmax=%s$" % _softmax_path())
     self.assertIn("rnn_mode=BLOCK", rows[1])
     self.assertRegex(lines[-1], r"^wps: \d+$")
     results = report["results"]
@@ -79,7 +85,8 @@ class BenchmarkTest(tf.test.TestCase):
       self.assertEqual(proc.returncode, 0, proc.stderr)
     rows = [l for l in proc.stdout.splitlines() if l.startswith("model=")]
     self.assertLen(rows, 1)
-    self.assertTrue(rows[0].endswith(" recurrent=" + want), rows[0])
+    self.assertTrue(rows[0].endswith(
+        " recurrent=%s softmax=%s" % (want, _softmax_path())), rows[0])
 
 
 class EvalUnrollTest(tf.test.TestCase):

@@ -1,5 +1,7 @@
-// AVX-512 kernels for the LSTM's per-step recurrent product [M, K] x [K, N]
-// with M (the batch) small. lstm_kernels.py says why and builds them.
+// AVX-512 kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
+// with M (the batch) small, and the softmax layer's cross-entropy over the
+// logits (SoftmaxCrossEntropy, at the end). lstm_kernels.py says why and
+// builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
 // 32 columns, each [K, 32] contiguous; PanelMatMul then reads each panel as
@@ -9,6 +11,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 
@@ -262,4 +265,133 @@ class PanelMatMulOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("PanelMatMul").Device(DEVICE_CPU), PanelMatMulOp);
 
+namespace {
+
+// exp(x) for x <= 88.7, 16 lanes: Cephes' expf (2^n e^r with |r| <= ln2 / 2
+// and a degree-7 polynomial for e^r); 0 under -103.9, NaN for NaN.
+__attribute__((target("avx512f"))) __m512 Exp(__m512 x) {
+  // max returns its second operand when one is NaN: x, so NaN stays NaN.
+  x = _mm512_max_ps(_mm512_set1_ps(-103.9f), x);
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+// One row: z = logits + b, written to out; then out = softmax(z) - onehot.
+// Returns the loss logsumexp(z) - z[label]. The row (40 KB for 10,000
+// words) stays in L1 between the three passes. A NaN in z makes the whole
+// row NaN, loss included, as TensorFlow's softmax does (the training loop
+// stops on a NaN cost).
+__attribute__((target("avx512f"))) float XentRow(const float* logits,
+                                                  const float* b, int64_t V,
+                                                  int64_t label, float* out) {
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (int64_t v = 0; v < V; v += 16) {
+    const __mmask16 m = Mask(V - v);
+    const __m512 z = _mm512_add_ps(_mm512_maskz_loadu_ps(m, logits + v),
+                                   _mm512_maskz_loadu_ps(m, b + v));
+    _mm512_mask_storeu_ps(out + v, m, z);
+    mx = _mm512_mask_max_ps(mx, m, mx, z);
+    nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+  }
+  const float top = nan ? NAN : _mm512_reduce_max_ps(mx);
+  const float target = out[label];
+  const __m512 t = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t v = 0; v < V; v += 16) {
+    const __mmask16 m = Mask(V - v);
+    const __m512 e = _mm512_maskz_mov_ps(
+        m, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, out + v), t)));
+    _mm512_mask_storeu_ps(out + v, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  const float total = _mm512_reduce_add_ps(sum);
+  const __m512 scale = _mm512_set1_ps(1.0f / total);
+  for (int64_t v = 0; v < V; v += 16) {
+    const __mmask16 m = Mask(V - v);
+    _mm512_mask_storeu_ps(
+        out + v, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, out + v), scale));
+  }
+  out[label] -= 1.0f;
+  return std::log(total) + (top - target);
+}
+
+}  // namespace
+
+REGISTER_OP("SoftmaxCrossEntropy")
+    .Input("logits: float")
+    .Input("b: float")
+    .Input("labels: int32")
+    .Output("loss: float")
+    .Output("d_logits: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->Dim(c->input(0), 0)));
+      c->set_output(1, c->input(0));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+With z = logits [N, V] + b [V]: loss[n] = logsumexp(z[n]) - z[n, labels[n]]
+and d_logits = softmax(z) - onehot(labels), the gradient of sum(loss) by z.
+d_logits takes the logits' buffer when nothing else holds it.
+)doc");
+
+class SoftmaxCrossEntropyOp : public OpKernel {
+ public:
+  explicit SoftmaxCrossEntropyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES(
+        ctx, __builtin_cpu_supports("avx512f"),
+        errors::Unimplemented("SoftmaxCrossEntropy needs a CPU with AVX-512"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& logits = ctx->input(0);
+    const Tensor& b = ctx->input(1);
+    const Tensor& labels = ctx->input(2);
+    OP_REQUIRES(ctx,
+                logits.dims() == 2 && b.dims() == 1 && labels.dims() == 1 &&
+                    b.dim_size(0) == logits.dim_size(1) &&
+                    labels.dim_size(0) == logits.dim_size(0),
+                errors::InvalidArgument(
+                    "shapes do not match: logits ",
+                    logits.shape().DebugString(), ", b ",
+                    b.shape().DebugString(), ", labels ",
+                    labels.shape().DebugString()));
+    const int64_t N = logits.dim_size(0), V = logits.dim_size(1);
+    const auto lp = labels.flat<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      OP_REQUIRES(ctx, lp(n) >= 0 && lp(n) < V,
+                  errors::InvalidArgument("label ", lp(n), " of row ", n,
+                                          " is outside [0, ", V, ")"));
+    }
+    Tensor* loss = nullptr;
+    Tensor* d_logits = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({N}), &loss));
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                            {0}, 1, logits.shape(), &d_logits));
+    const float* in = logits.flat<float>().data();
+    const float* bp = b.flat<float>().data();
+    float* out = d_logits->flat<float>().data();
+    float* lossp = loss->flat<float>().data();
+    Parallel(ctx, N, 20 * V, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        lossp[n] = XentRow(in + n * V, bp, V, lp(n), out + n * V);
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropy").Device(DEVICE_CPU),
+                        SoftmaxCrossEntropyOp);
 }  // namespace tensorflow

@@ -83,6 +83,115 @@ class PanelMatMulTest(tf.test.TestCase):
                                           np.ones((2, 40), np.float32)))
 
 
+def _xent_reference(logits, b, labels):
+  """Loss and softmax - onehot of logits + b: the sum rounded to float32, as
+  the op does (for logits near 1e4 its rounding alone moves p by 1e-3), the
+  rest in float64."""
+  z = (logits + b).astype(np.float64)
+  top = z.max(axis=1, keepdims=True)
+  e = np.exp(z - top)
+  rows = np.arange(len(labels))
+  loss = np.log(e.sum(axis=1)) + top[:, 0] - z[rows, labels]
+  d = e / e.sum(axis=1, keepdims=True)
+  d[rows, labels] -= 1.0
+  return loss, d
+
+
+class SoftmaxCrossEntropyTest(tf.test.TestCase):
+
+  def testHandMadeRows(self):
+    kernels = kernels_or_skip(self)
+    logits = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
+    b = np.array([0.0, 0.5, -0.5], np.float32)
+    labels = np.array([2, 0], np.int32)
+    loss, d = self.evaluate(
+        kernels.softmax_cross_entropy(logits, b, labels))
+    # Row 0: z = [1, 2.5, 2.5], target 2.5; row 1: z = [0, 0.5, -0.5].
+    s0 = np.exp(1.0) + 2 * np.exp(2.5)
+    s1 = 1.0 + np.exp(0.5) + np.exp(-0.5)
+    self.assertAllClose(loss, [np.log(s0) - 2.5, np.log(s1)], rtol=1e-6)
+    self.assertAllClose(
+        d, [[np.exp(1.0) / s0, np.exp(2.5) / s0, np.exp(2.5) / s0 - 1.0],
+            [1.0 / s1 - 1.0, np.exp(0.5) / s1, np.exp(-0.5) / s1]],
+        rtol=1e-6, atol=1e-7)
+
+  def testOddShapesAndLargeLogits(self):
+    kernels = kernels_or_skip(self)
+    rng = np.random.RandomState(5)
+    # Vocabularies under, at and over a 16-lane register; labels anywhere,
+    # the last column included; logits far from 0 (the max is subtracted).
+    for n, v, offset in ((1, 1, 0.0), (3, 5, 0.0), (2, 16, 80.0),
+                         (4, 17, -300.0), (7, 40, 1e4)):
+      logits = (rng.uniform(-20, 20, (n, v)) + offset).astype(np.float32)
+      b = rng.uniform(-1, 1, v).astype(np.float32)
+      labels = rng.randint(0, v, n).astype(np.int32)
+      labels[-1] = v - 1
+      loss, d = self.evaluate(
+          kernels.softmax_cross_entropy(logits, b, labels))
+      want_loss, want_d = _xent_reference(logits, b, labels)
+      self.assertAllClose(loss, want_loss, rtol=1e-5, atol=2e-5,
+                          msg=str((n, v)))
+      self.assertAllClose(d, want_d, rtol=1e-5, atol=1e-6, msg=str((n, v)))
+
+  def testNanInARowMakesItsLossNan(self):
+    kernels = kernels_or_skip(self)
+    logits = np.zeros((2, 20), np.float32)
+    logits[0, 17] = np.nan
+    loss, d = self.evaluate(kernels.softmax_cross_entropy(
+        logits, np.zeros(20, np.float32), np.array([3, 3], np.int32)))
+    self.assertTrue(np.isnan(loss[0]))
+    self.assertTrue(np.isnan(d[0]).all())
+    self.assertAllClose(loss[1], np.log(20.0), rtol=1e-6)
+
+  def testLabelOutsideTheVocabularyIsAnError(self):
+    kernels = kernels_or_skip(self)
+    with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                r"label 3 of row 1 is outside \[0, 3\)"):
+      self.evaluate(kernels.softmax_cross_entropy(
+          np.zeros((2, 3), np.float32), np.zeros(3, np.float32),
+          np.array([0, 3], np.int32)))
+
+
+class SoftmaxLossPathsTest(tf.test.TestCase):
+  """The softmax layer gives the same numbers with the kernel as without."""
+
+  def testFusedEqualsTensorFlowOpsWithGradients(self):
+    kernels_or_skip(self)
+    rng = np.random.RandomState(6)
+    values = [rng.uniform(-2, 2, s).astype(np.float32)
+              for s in ((13, 9), (9, 37), (37,))]
+    labels = rng.randint(0, 37, 13).astype(np.int32)
+    d_loss = rng.uniform(0, 2, 13).astype(np.float32)
+    results = []
+    for fn in (ptb_word_lm._softmax_loss_ops,
+               ptb_word_lm._softmax_loss_fused):
+      with tf.Graph().as_default() as graph, \
+          tf.compat.v1.Session() as sess:
+        args = [tf.constant(v) for v in values]
+        loss = fn(*args, tf.constant(labels))
+        grads = tf.compat.v1.gradients(loss * d_loss, args)
+        results.append(sess.run([loss] + grads))
+        fused = _count_ops(graph, "SoftmaxCrossEntropy")
+        self.assertEqual(fused, int(fn is ptb_word_lm._softmax_loss_fused))
+    for k, (got, want) in enumerate(zip(results[1], results[0])):
+      self.assertAllClose(got, want, rtol=1e-5, atol=1e-6, msg=str(k))
+
+  def testTensorFlowOpsWhereTheKernelCannotRun(self):
+    with mock.patch.object(lstm_kernels, "load") as load:
+      for name, dtype, device, library, wanted in (
+          ("float32 CPU", tf.float32, "", object(), True),
+          ("no kernels", tf.float32, "", None, False),
+          ("float16", tf.float16, "", object(), False),
+          ("GPU tower", tf.float32, "/gpu:0", object(), False)):
+        load.return_value = library
+        with tf.Graph().as_default(), tf.device(device), mock.patch.object(
+            ptb_word_lm, "_softmax_loss_fused") as fused:
+          ptb_word_lm.softmax_loss(
+              tf.zeros([4, 3], dtype), tf.zeros([3, 5], dtype),
+              tf.zeros([5], dtype), tf.zeros([4], tf.int32))
+        self.assertEqual(fused.called, wanted, msg=name)
+
+
 def _count_ops(graph, op_type):
   return sum(op.type == op_type for op in graph.get_operations())
 

@@ -9,6 +9,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+import lstm_kernels
 import ptb_word_lm
 import reader_test
 import util
@@ -260,18 +261,27 @@ class LstmStackTest(tf.test.TestCase):
 class SoftmaxLossTest(tf.test.TestCase):
 
   def _check(self, inputs, w, b, labels, d_loss):
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-      args = [tf.constant(v) for v in (inputs, w, b)]
-      ours = ptb_word_lm.softmax_loss(*args, tf.constant(labels))
-      theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=labels, logits=tf.matmul(args[0], args[1]) + args[2])
-      grads = [tf.compat.v1.gradients(loss * d_loss, args)
-               for loss in (ours, theirs)]
-      got, want, g_got, g_want = sess.run([ours, theirs] + grads)
-    self.assertAllClose(got, want, rtol=1e-6, atol=1e-5)
-    for g, w_ in zip(g_got, g_want):
-      self.assertAllClose(g, w_, rtol=1e-5, atol=1e-6)
-    return got
+    """Both paths of softmax_loss against TensorFlow's; their losses."""
+    paths = [ptb_word_lm._softmax_loss_ops]
+    # The kernel's path where it can run (lstm_kernels_test compares the
+    # two paths directly too).
+    if lstm_kernels.load() is not None:
+      paths.append(ptb_word_lm._softmax_loss_fused)
+    losses = []
+    for path in paths:
+      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        args = [tf.constant(v) for v in (inputs, w, b)]
+        ours = path(*args, tf.constant(labels))
+        theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=tf.matmul(args[0], args[1]) + args[2])
+        grads = [tf.compat.v1.gradients(loss * d_loss, args)
+                 for loss in (ours, theirs)]
+        got, want, g_got, g_want = sess.run([ours, theirs] + grads)
+      self.assertAllClose(got, want, rtol=1e-6, atol=1e-5, msg=path.__name__)
+      for g, w_ in zip(g_got, g_want):
+        self.assertAllClose(g, w_, rtol=1e-5, atol=1e-6, msg=path.__name__)
+      losses.append(got)
+    return losses
 
   def testMatchesTensorFlowLossAndGradients(self):
     rng = np.random.RandomState(4)
@@ -289,10 +299,10 @@ class SoftmaxLossTest(tf.test.TestCase):
     w = np.array([[0.5, 0.0, 0.0], [0.0, 0.0, -200.0]], np.float32)
     b = np.zeros(3, np.float32)
     labels = np.array([0, 2], np.int32)
-    got = self._check(inputs, w, b, labels, np.ones(2, np.float32))
-    self.assertAllClose(got[1], 200.0 + np.log(2.0), rtol=1e-6)
-    self.assertAllClose(
-        got[0], np.log(np.exp(0.5) + 2.0) - 0.5, rtol=1e-6)
+    for got in self._check(inputs, w, b, labels, np.ones(2, np.float32)):
+      self.assertAllClose(got[1], 200.0 + np.log(2.0), rtol=1e-6)
+      self.assertAllClose(
+          got[0], np.log(np.exp(0.5) + 2.0) - 0.5, rtol=1e-6)
 
 
 def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
