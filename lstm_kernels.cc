@@ -268,7 +268,8 @@ REGISTER_KERNEL_BUILDER(Name("PanelMatMul").Device(DEVICE_CPU), PanelMatMulOp);
 namespace {
 
 // exp(x) for x <= 88.7, 16 lanes: Cephes' expf (2^n e^r with |r| <= ln2 / 2
-// and a degree-7 polynomial for e^r); 0 under -103.9, NaN for NaN.
+// and a degree-7 polynomial for e^r). x under -103.9 counts as -103.9,
+// where exp is the smallest denormal float; NaN stays NaN.
 __attribute__((target("avx512f"))) __m512 Exp(__m512 x) {
   // max returns its second operand when one is NaN: x, so NaN stays NaN.
   x = _mm512_max_ps(_mm512_set1_ps(-103.9f), x);
@@ -394,4 +395,5 @@ class SoftmaxCrossEntropyOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropy").Device(DEVICE_CPU),
                         SoftmaxCrossEntropyOp);
+
 }  // namespace tensorflow
