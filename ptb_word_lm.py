@@ -242,6 +242,18 @@ _KERNEL_MIN_HIDDEN = 512
 _KERNEL_MIN_BATCH = 8
 
 
+def _cpu_kernels(like):
+  """The kernels' op library (lstm_kernels.py), or None where they cannot run.
+
+  Args:
+    like: a tensor of the work, built on its tower's device. The kernels
+      take float32 on the CPU only.
+  """
+  if like.dtype != tf.float32 or "GPU" in like.device.upper():
+    return None
+  return lstm_kernels.load()
+
+
 def _recurrent_kernels(like, hidden):
   """The kernels' op library for a layer, or None to use tf.matmul.
 
@@ -249,11 +261,9 @@ def _recurrent_kernels(like, hidden):
     like: a `[B, ...]` tensor of the layer, built on its tower's device.
     hidden: the layer's hidden size.
   """
-  if (like.dtype != tf.float32 or hidden < _KERNEL_MIN_HIDDEN or
-      (like.shape[0] or 0) < _KERNEL_MIN_BATCH or
-      "GPU" in like.device.upper()):
+  if hidden < _KERNEL_MIN_HIDDEN or (like.shape[0] or 0) < _KERNEL_MIN_BATCH:
     return None
-  return lstm_kernels.load()
+  return _cpu_kernels(like)
 
 
 def _forward_product(w_h, like):
@@ -685,8 +695,7 @@ def softmax_loss(inputs, softmax_w, softmax_b, labels):
     --use_fp16: exp of fp16 logits over a 10k vocabulary loses most of the
     precision that matters.
   """
-  if (inputs.dtype == tf.float32 and "GPU" not in inputs.device.upper() and
-      lstm_kernels.load() is not None):
+  if _cpu_kernels(inputs) is not None:
     return _softmax_loss_fused(inputs, softmax_w, softmax_b, labels)
   return _softmax_loss_ops(inputs, softmax_w, softmax_b, labels)
 
