@@ -15,10 +15,14 @@ import ptb_word_lm
 import ptb_word_lm_test as lm_test
 
 
+def _kernels_buildable():
+  """Whether a benchmark.py process can build and use lstm_kernels here."""
+  return lstm_kernels.cpu_has_avx512() and lstm_kernels.compiler_found()
+
+
 def _softmax_path():
   """What benchmark.py should report for a float32 model on this CPU."""
-  buildable = lstm_kernels.cpu_has_avx512() and lstm_kernels.compiler_found()
-  return "kernel" if buildable else "ops"
+  return "kernel" if _kernels_buildable() else "ops"
 
 
 class BenchmarkTest(tf.test.TestCase):
@@ -70,9 +74,7 @@ class BenchmarkTest(tf.test.TestCase):
 
   def testReportsTheKernelsWhereTheModelUsesThem(self):
     # Hidden 512 is where ptb_word_lm starts to use lstm_kernels' ops.
-    want = "kernels"
-    if not (lstm_kernels.cpu_has_avx512() and lstm_kernels.compiler_found()):
-      want = "matmul"
+    want = "kernels" if _kernels_buildable() else "matmul"
     with tempfile.TemporaryDirectory() as tmp:
       lm_test.make_corpus(tmp)
       proc = subprocess.run(
