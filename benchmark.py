@@ -97,8 +97,12 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
                    tf.compat.v1.local_variables_initializer()])
       model.assign_lr(session, config.learning_rate)
       fetches = [model.cost, model.train_op, model.update_state]
-      for _ in range(FLAGS.warmup):
+      # As ptb_word_lm.py does, so that the peak RSS is the same figure.
+      monitor.release_library_pages()
+      for i in range(FLAGS.warmup):
         session.run(fetches)
+        if i == 0:
+          monitor.release_library_pages()
       start = time.perf_counter()
       for _ in range(FLAGS.steps):
         cost = session.run(fetches)[0]

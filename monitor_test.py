@@ -1,7 +1,9 @@
 """Tests for monitor.py."""
 
 import csv
+import ctypes
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -81,6 +83,120 @@ class ReduceMemoryFootprintTest(unittest.TestCase):
     self.assertEqual(limited, "False")
 
 
+_SMAPS = """\
+55d0a0000000-55d0a0001000 r--p 00000000 fd:01 11 /usr/bin/python3.11
+Rss:                   4 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000000000-7f0000100000 r-xp 00001000 fd:01 12 /opt/lib/libtensorflow_cc.so.2
+Size:               1024 kB
+Rss:                 512 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+VmFlags: rd ex mr mw me sd
+7f0000100000-7f0000180000 r--p 00101000 fd:01 12 /opt/lib/libtensorflow_cc.so.2
+Rss:                 300 kB
+Private_Dirty:        12 kB
+Anonymous:            12 kB
+7f0000180000-7f0000190000 rw-p 00181000 fd:01 12 /opt/lib/libtensorflow_cc.so.2
+Rss:                  64 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000200000-7f0000210000 r--p 00000000 fd:01 13 /opt/lib/_umath.cpython-311-x86_64-linux-gnu.so
+Rss:                  40 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000210000-7f0000220000 r-xp 00000000 fd:01 14 /opt/lib/libhdf5-8c29.so.310.5.1
+Rss:                   0 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000220000-7f0000230000 r--s 00000000 fd:01 15 /opt/lib/libshared.so
+Rss:                  16 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000230000-7f0000240000 r-xp 00000000 fd:01 16 /opt/lib/libgone.so (deleted)
+Rss:                  16 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000240000-7f0000250000 r--p 00000000 fd:01 17 /data/ptb.train.txt.so.tmp
+Rss:                  16 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+7f0000300000-7f0000400000 rw-p 00000000 00:00 0 [heap]
+Rss:                1024 kB
+Anonymous:          1024 kB
+7f0000400000-7f0000410000 r-xp 00000000 fd:01 18 /opt/lib/libm.so.6
+Rss:                  24 kB
+Anonymous:             0 kB
+Private_Dirty:         0 kB
+"""
+
+
+class ReleaseLibraryPagesTest(unittest.TestCase):
+
+  def testSelectsOnlyUnwrittenPrivateReadOnlySharedObjects(self):
+    self.assertEqual(
+        list(monitor._releasable_mappings(_SMAPS.splitlines(True))),
+        [(0x7f0000000000, 0x100000, 512),  # code
+         (0x7f0000200000, 0x10000, 40),  # an extension module's constants
+         (0x7f0000400000, 0x10000, 24)])  # the last mapping of the file
+
+  @unittest.skipUnless(sys.platform.startswith("linux"), "needs /proc, madvise")
+  def testReleasesCleanPagesAndKeepsCopiedOnes(self):
+    # Two private mappings of a file named like a shared object: one only
+    # read, one written (copied on write) and then made read-only, as the
+    # dynamic loader does with relocated data.
+    size = 64 * mmap.PAGESIZE
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "libfake.so.1")
+      with open(path, "wb") as f:
+        f.write(bytes(range(256)) * (size // 256))
+        # Dirty page-cache pages count as Private_Dirty, which is kept.
+        f.flush()
+        os.fsync(f.fileno())
+      with open(path, "rb") as f:
+        clean = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE,
+                          prot=mmap.PROT_READ)
+        written = mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+      self.addCleanup(clean.close)
+      self.addCleanup(written.close)
+      written[:4] = b"edit"
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+      address = ctypes.addressof(ctypes.c_char.from_buffer(written))
+      self.assertEqual(libc.mprotect(address, size, mmap.PROT_READ), 0)
+      # Touch every page of both.
+      self.assertEqual(sum(clean[::mmap.PAGESIZE]), 0)
+      self.assertEqual(sum(written[mmap.PAGESIZE::mmap.PAGESIZE]), 0)
+
+      def rss_kib(target):
+        with open("/proc/self/smaps") as f:
+          lines = f.read().splitlines()
+        for i, line in enumerate(lines):
+          if line.startswith("%x-" % target):
+            return next(int(l.split()[1]) for l in lines[i + 1:]
+                        if l.startswith("Rss:"))
+        self.fail("no mapping at %x" % target)
+
+      # A read-only mmap gives no address; find it by its path.
+      with open("/proc/self/maps") as f:
+        starts = [int(l.split("-")[0], 16) for l in f
+                  if l.rstrip().endswith(path)]
+      self.assertEqual(len(starts), 2)
+      clean_start = next(s for s in starts if s != address)
+      self.assertEqual(rss_kib(clean_start), size // 1024)
+      self.assertEqual(rss_kib(address), size // 1024)
+
+      self.assertGreaterEqual(monitor.release_library_pages(), size / 2**20)
+
+      self.assertEqual(rss_kib(clean_start), 0)
+      self.assertEqual(rss_kib(address), size // 1024)  # not released
+      self.assertEqual(written[:6], b"edit\x04\x05")
+      self.assertEqual(clean[:6], bytes(range(6)))  # read back from the file
+      self.assertEqual(clean[-1], 255)
+
+
 class MemorySamplerTest(unittest.TestCase):
 
   def setUp(self):
@@ -111,6 +227,26 @@ class MemorySamplerTest(unittest.TestCase):
     self.assertTrue(all(r[2:] == ["train", "2", "17"]
                         for r in rows[first_train:]))
     self.assertAlmostEqual(sampler.peak_rss_mib, max(rss), delta=0.1)
+
+  def testPhaseChangeWritesRowAtOnce(self):
+    # A phase far shorter than the interval still gets a row of its own.
+    sampler = monitor.MemorySampler(self._path, interval=60.0).start()
+    sampler.set_phase("train", 1, 0)
+    sampler.set_phase("train", 1, 1)  # same phase: no row
+    sampler.set_phase("train", 1, 2)
+    sampler.set_phase("valid", 1, 0)
+    sampler.set_phase("train", 2, 0)
+    sampler.set_phase("test", 2, 0)
+    sampler.stop()
+    sampler.set_phase("valid", 3, 0)  # after stop: nothing written
+
+    _, rows = _read_csv(self._path)
+    self.assertEqual([r[2:] for r in rows],
+                     [["startup", "0", "0"], ["train", "1", "0"],
+                      ["valid", "1", "0"], ["train", "2", "0"],
+                      ["test", "2", "0"], ["test", "2", "0"]])
+    seconds = [float(r[0]) for r in rows]
+    self.assertEqual(seconds, sorted(seconds))
 
   def testGpuColumns(self):
     names = []

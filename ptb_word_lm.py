@@ -1373,6 +1373,7 @@ class TrainingRun(object):
     self.chief = self.cluster is None or cluster_lib.is_chief(self.cluster)
     self.devices = devices
     self.where = {"phase": "startup", "epoch": 0, "step": 0, "costs": 0.0}
+    self.first_calls_done = set()  # phases whose first call has run
     replica = ((self.cluster.task_index, len(self.cluster.worker_hosts))
                if self.cluster else (0, 1))
     self.graph = tf.Graph()
@@ -1485,6 +1486,11 @@ class TrainingRun(object):
     where["step"], where["costs"] = step, costs
     if self.sampler is not None:
       self.sampler.set_phase(where["phase"], where["epoch"], step)
+    if where["phase"] not in self.first_calls_done:
+      # A graph's first call optimised it and built its kernels, code that
+      # later calls never run again.
+      self.first_calls_done.add(where["phase"])
+      monitor.release_library_pages()
     if signals.signum is not None:
       raise self._interrupted(session, signals.signum)
     if where["phase"] != "train":
@@ -1543,6 +1549,8 @@ class TrainingRun(object):
     """Trains all epochs, tests; prints the SPEC lines."""
     with self._session() as session, SignalCatcher() as signals:
       first_epoch, first_step, first_costs = self._initialize(session)
+      # Start-up is over; the library code it ran need not stay resident.
+      monitor.release_library_pages()
       # Created only now, so that a refused checkpoint leaves the directory
       # exactly as it was.
       writer = (tf.compat.v1.summary.FileWriter(self.save_path)

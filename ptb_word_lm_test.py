@@ -5,11 +5,13 @@ import re
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
 
 import lstm_kernels
+import monitor
 import ptb_word_lm
 import reader_test
 import util
@@ -501,6 +503,39 @@ def assert_user_error(test, args, pattern, code=1):
   test.assertLen(error_lines, 1, err)
   test.assertRegex(error_lines[0], pattern)
   return out, err
+
+
+class LibraryPagesTest(tf.test.TestCase):
+
+  def testReleasedAfterStartupAndAfterEachGraphsFirstCall(self):
+    # Two epochs: the training and validation graphs run twice, yet their
+    # first calls are what ran code only once.
+    config = TinyConfig()
+    config.max_max_epoch = 2
+    eval_config = TinyConfig()
+    eval_config.batch_size = eval_config.num_steps = 1
+    rng = np.random.RandomState(3)
+    data = [list(rng.randint(0, config.vocab_size, size=n))
+            for n in (400, 60, 30)]
+    calls = []
+
+    def release():
+      calls.append(dict(run.where))
+      return 0.0
+
+    run = None
+    with mock.patch.object(monitor, "release_library_pages", release):
+      run = ptb_word_lm.TrainingRun(
+          config, eval_config, data, ["/cpu:0"],
+          {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
+           "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
+           "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
+           "cluster": None, "cluster_timeout": 60.0, "summary": {},
+           "sampler": None})
+      run.run()
+    self.assertEqual([(c["phase"], c["epoch"], c["step"]) for c in calls],
+                     [("startup", 0, 0), ("train", 1, 0), ("valid", 1, 0),
+                      ("test", 2, 0)])
 
 
 class StartupTest(tf.test.TestCase):
