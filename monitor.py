@@ -108,32 +108,38 @@ def reduce_memory_footprint():
 _SHARED_OBJECT = re.compile(r"\.so(\.[0-9]+)*$")
 
 
+def _parse_smaps(smaps):
+  """Returns one dict per mapping of /proc/<pid>/smaps lines.
+
+  Each dict has "start", "end", "perms", "path" and the mapping's numeric
+  fields in kB ("Rss", "Anonymous", ...).
+  """
+  mappings = []
+  for line in smaps:
+    fields = line.split(None, 5)
+    if not fields:
+      continue
+    if not fields[0].endswith(":"):  # a mapping's header line
+      start, end = (int(x, 16) for x in fields[0].split("-"))
+      mappings.append({"start": start, "end": end, "perms": fields[1],
+                       "path": fields[5].strip() if len(fields) > 5 else ""})
+    elif mappings and len(fields) >= 2 and fields[1].isdigit():
+      mappings[-1][fields[0][:-1]] = int(fields[1])
+  return mappings
+
+
 def _releasable_mappings(smaps):
   """Yields (start, length, rss_kib) of each mapping to release.
 
   Args:
     smaps: an iterable over the lines of /proc/<pid>/smaps.
   """
-  def releasable(vma):
-    return (vma["perms"][1] != "w" and vma["perms"][3] == "p" and
-            _SHARED_OBJECT.search(vma["path"]) is not None and
-            vma.get("Rss", 0) > 0 and vma.get("Anonymous", 1) == 0 and
-            vma.get("Private_Dirty", 1) == 0)
-
-  vma = None
-  for line in smaps:
-    fields = line.split(None, 5)
-    if fields and "-" in fields[0] and not fields[0].endswith(":"):
-      if vma is not None and releasable(vma):
-        yield vma["start"], vma["end"] - vma["start"], vma["Rss"]
-      start, end = (int(x, 16) for x in fields[0].split("-"))
-      vma = {"start": start, "end": end, "perms": fields[1],
-             "path": fields[5].strip() if len(fields) > 5 else ""}
-    elif vma is not None and len(fields) >= 2 and fields[0].endswith(":"):
-      if fields[1].isdigit():
-        vma[fields[0][:-1]] = int(fields[1])
-  if vma is not None and releasable(vma):
-    yield vma["start"], vma["end"] - vma["start"], vma["Rss"]
+  for vma in _parse_smaps(smaps):
+    if (vma["perms"][1] != "w" and vma["perms"][3] == "p" and
+        _SHARED_OBJECT.search(vma["path"]) is not None and
+        vma.get("Rss", 0) > 0 and vma.get("Anonymous", 1) == 0 and
+        vma.get("Private_Dirty", 1) == 0):
+      yield vma["start"], vma["end"] - vma["start"], vma["Rss"]
 
 
 def release_library_pages():
