@@ -27,6 +27,14 @@ with PTB_LSTM_KERNELS=0 the model uses tf.matmul for these products and
 TensorFlow's softmax: the same mathematics, a little slower. `load()` says
 which, once, in the log.
 
+Building and loading need no AVX-512: the source is compiled without
+-mavx512f, its AVX-512 functions carry their own target attribute, so the
+library compiles and its ops register on any x86-64 CPU; only PanelMatMul
+and SoftmaxCrossEntropy run AVX-512 code (and refuse to run without it;
+PackPanels is plain C++). `load_library()` builds and loads the library
+wherever there is a compiler, for tests and tools; `load()`, which the model
+calls, adds the checks of where the ops can run.
+
 Nothing here reads flags or builds models.
 """
 
@@ -143,10 +151,30 @@ def build(source=_SOURCE):
   return path
 
 
-def load():
-  """The kernels' op library, or None if they cannot be used here.
+def load_library():
+  """Builds the kernels unless cached and loads their op library, on any CPU.
 
-  Built and loaded once per process; the reason for None is logged once as a
+  Unlike `load()` it neither checks the CPU nor reads PTB_LSTM_KERNELS, and
+  it raises instead of logging: for tests and tools that register the ops
+  without running them.
+
+  Returns:
+    The op library (a module with `pack_panels`, `panel_mat_mul` and
+    `softmax_cross_entropy`).
+
+  Raises:
+    RuntimeError: the build failed (see `build()`).
+    OSError, tf.errors.OpError: the built file could not be loaded.
+  """
+  return _load_op_library(build())
+
+
+def load():
+  """The kernels' op library, or None if the model cannot use them here.
+
+  None with PTB_LSTM_KERNELS=0, on a CPU without AVX-512 (the ops would
+  refuse to run; nothing is built then) or if the build or the loading
+  fails. Decided once per process; the reason for None is logged once as a
   warning and returned by `unavailable_reason()`.
   """
   if not _state["loaded"]:
@@ -157,7 +185,7 @@ def load():
       _state["reason"] = "the CPU has no AVX-512"
     else:
       try:
-        _state["library"] = _load_library(build())
+        _state["library"] = load_library()
       except (RuntimeError, OSError, tf.errors.OpError) as e:
         _state["reason"] = str(e)
     if _state["library"] is None:
@@ -167,7 +195,7 @@ def load():
   return _state["library"]
 
 
-def _load_library(path):
+def _load_op_library(path):
   name = os.path.basename(path)
   if name not in _libraries:
     _libraries[name] = tf.load_op_library(path)

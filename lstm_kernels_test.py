@@ -1,6 +1,18 @@
-"""Tests of the AVX-512 recurrent-product kernels and of their use."""
+"""Tests of the AVX-512 recurrent-product kernels and of their use.
+
+Building, loading (op registration), the cache and the fallback after a
+failed build are tested on any CPU with a C++ compiler: the library is
+compiled without -mavx512f, so it builds and loads everywhere. Only the tests
+that run AVX-512 code (PanelMatMul, SoftmaxCrossEntropy, the model with the
+kernels) skip on a CPU without AVX-512. PTB_TEST_NO_AVX512=1 runs this module
+as on such a CPU (`lstm_kernels.cpu_has_avx512` returns False), to check
+from a machine with AVX-512 what runs and what skips there.
+"""
 
 import os
+import shutil
+import stat
+import subprocess
 import tempfile
 from unittest import mock
 
@@ -11,30 +23,51 @@ import lstm_kernels
 import ptb_word_lm
 import util
 
-_NO_AVX512 = "the CPU has no AVX-512 (these kernels' only target)"
-_KERNEL_DIR = tempfile.mkdtemp(prefix="ptb_kernels_")
+_NO_AVX512 = "the CPU has no AVX-512, which running these ops needs"
+_NO_COMPILER = "no C++ compiler to build the kernels with"
+_OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy")
+# The function itself, for testCpuFlagsAreRead: PTB_TEST_NO_AVX512 replaces
+# the module's attribute.
+_cpu_has_avx512 = lstm_kernels.cpu_has_avx512
+_module = {}
 
 
 def setUpModule():
   # One build for the whole module, in a directory of its own.
-  os.environ["PTB_KERNEL_DIR"] = _KERNEL_DIR
+  _module["dir"] = tempfile.mkdtemp(prefix="ptb_kernels_")
+  os.environ["PTB_KERNEL_DIR"] = _module["dir"]
+  if os.environ.get("PTB_TEST_NO_AVX512") == "1":
+    _module["cpu"] = mock.patch.object(lstm_kernels, "cpu_has_avx512",
+                                       return_value=False)
+    _module["cpu"].start()
   lstm_kernels.reset()
 
 
 def tearDownModule():
+  if "cpu" in _module:
+    _module.pop("cpu").stop()
   os.environ.pop("PTB_KERNEL_DIR", None)
+  # A library loaded from here stays loaded; Linux keeps its pages.
+  shutil.rmtree(_module.pop("dir"), ignore_errors=True)
   lstm_kernels.reset()
 
 
-def skip_unless_buildable(test):
-  if not lstm_kernels.cpu_has_avx512():
-    test.skipTest(_NO_AVX512)
+def skip_without_compiler(test):
   if not lstm_kernels.compiler_found():
-    test.skipTest("no C++ compiler to build the kernels with")
+    test.skipTest(_NO_COMPILER)
+
+
+def library_or_skip(test):
+  """The op library, built and loaded whatever the CPU; skips without g++."""
+  skip_without_compiler(test)
+  return lstm_kernels.load_library()
 
 
 def kernels_or_skip(test):
-  skip_unless_buildable(test)
+  """The op library where its ops can run; skips without AVX-512 or g++."""
+  if not lstm_kernels.cpu_has_avx512():
+    test.skipTest(_NO_AVX512)
+  skip_without_compiler(test)
   library = lstm_kernels.load()
   test.assertIsNotNone(library, lstm_kernels.unavailable_reason())
   return library
@@ -43,7 +76,8 @@ def kernels_or_skip(test):
 class PackPanelsTest(tf.test.TestCase):
 
   def testPanelsHoldColumnBlocksPaddedWithZeros(self):
-    kernels = kernels_or_skip(self)
+    # PackPanels is plain C++, without AVX-512 code: it runs on any CPU.
+    kernels = library_or_skip(self)
     b = np.arange(3 * 40, dtype=np.float32).reshape(3, 40)   # [K, N]
     for w, transpose in ((b, False), (b.T.copy(), True)):
       panels = self.evaluate(kernels.pack_panels(w, transpose=transpose))
@@ -272,8 +306,8 @@ class LoadTest(tf.test.TestCase):
                           ("fpu sse avx2 avx512bw", False)):
         with open(path, "w") as f:
           f.write("processor\t: 0\nflags\t\t: %s\n" % flags)
-        self.assertEqual(lstm_kernels.cpu_has_avx512(path), want)
-      self.assertFalse(lstm_kernels.cpu_has_avx512(path + ".missing"))
+        self.assertEqual(_cpu_has_avx512(path), want)
+      self.assertFalse(_cpu_has_avx512(path + ".missing"))
 
   def testDisabledByEnvironment(self):
     with mock.patch.dict(os.environ, {"PTB_LSTM_KERNELS": "0"}):
@@ -281,35 +315,121 @@ class LoadTest(tf.test.TestCase):
     self.assertEqual(lstm_kernels.unavailable_reason(),
                      "disabled by PTB_LSTM_KERNELS=0")
 
+  def _assert_model_uses_tensorflow_ops(self):
+    """The model, kernels wanted at any size, builds TensorFlow's ops only."""
+    with mock.patch.object(ptb_word_lm, "_KERNEL_MIN_HIDDEN", 0), \
+        tf.Graph().as_default() as graph:
+      ptb_word_lm.lstm_layer(
+          ptb_word_lm.BASIC, tf.zeros([3, 10, 4]),
+          util.LSTMStateTuple(tf.zeros([10, 4]), tf.zeros([10, 4])),
+          tf.zeros([8, 16]), tf.zeros([16]))
+      ptb_word_lm.softmax_loss(tf.zeros([4, 3]), tf.zeros([3, 5]),
+                               tf.zeros([5]), tf.zeros([4], tf.int32))
+      self.assertEqual(_count_ops(graph, "PanelMatMul"), 0)
+      self.assertEqual(_count_ops(graph, "SoftmaxCrossEntropy"), 0)
+      self.assertGreater(_count_ops(graph, "MatMul"), 0)
+
   def testFailedBuildFallsBackToMatMul(self):
-    if not lstm_kernels.cpu_has_avx512():
-      self.skipTest(_NO_AVX512)
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(
-        os.environ, {"PTB_KERNEL_DIR": tmp, "CXX": "false"}):
-      with self.assertLogs(level="WARNING") as logs:
-        self.assertIsNone(lstm_kernels.load())
-      self.assertIn("false exited with status 1",
-                    lstm_kernels.unavailable_reason())
-      self.assertIn("tf.matmul", "\n".join(logs.output))
-      self.assertEqual(os.listdir(tmp), [])   # no partial library left
-      with mock.patch.object(ptb_word_lm, "_KERNEL_MIN_HIDDEN", 0), \
-          tf.Graph().as_default() as graph:
-        ptb_word_lm.lstm_layer(
-            ptb_word_lm.BASIC, tf.zeros([3, 10, 4]),
-            util.LSTMStateTuple(tf.zeros([10, 4]), tf.zeros([10, 4])),
-            tf.zeros([8, 16]), tf.zeros([16]))
-        self.assertEqual(_count_ops(graph, "PanelMatMul"), 0)
-        self.assertGreater(_count_ops(graph, "MatMul"), 0)
+    with tempfile.TemporaryDirectory() as tmp:
+      # A compiler that writes part of its output, says why it fails and
+      # exits with status 3.
+      compiler = os.path.join(tmp, "failing-c++")
+      with open(compiler, "w") as f:
+        f.write("#!/bin/sh\n"
+                "for i in 1 2 3 4 5 6 7; do echo \"fake compiler line $i\"; "
+                "done\n"
+                "while [ $# -gt 0 ]; do\n"
+                "  if [ \"$1\" = -o ]; then echo partial > \"$2\"; fi; shift\n"
+                "done\n"
+                "exit 3\n")
+      os.chmod(compiler, stat.S_IRWXU)
+      cache = os.path.join(tmp, "cache")
+      # On any CPU: load() goes as far as the build only where it could run
+      # the ops, and the failed build leaves nothing to run.
+      with mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": cache,
+                                        "CXX": compiler}), \
+          mock.patch.object(lstm_kernels, "cpu_has_avx512",
+                            return_value=True):
+        with self.assertRaises(RuntimeError) as raised:
+          lstm_kernels.build()
+        message = str(raised.exception)
+        self.assertIn("failing-c++ exited with status 3", message)
+        self.assertIn("fake compiler line 7", message)    # its last lines
+        self.assertNotIn("fake compiler line 1", message)
+        self.assertEqual(os.listdir(cache), [])   # no partial library left
+        with self.assertLogs(level="WARNING") as logs:
+          self.assertIsNone(lstm_kernels.load())
+        self.assertEqual(lstm_kernels.unavailable_reason(), message)
+        self.assertIn("tf.matmul", "\n".join(logs.output))
+        self.assertEqual(os.listdir(cache), [])
+        self._assert_model_uses_tensorflow_ops()
+
+  def testSourceThatDoesNotCompileRaisesWithTheCompilersLastLines(self):
+    skip_without_compiler(self)
+    with tempfile.TemporaryDirectory() as tmp:
+      source = os.path.join(tmp, "broken.cc")
+      with open(source, "w") as f:
+        f.write("#error deliberately broken source\n")
+      cache = os.path.join(tmp, "cache")
+      with mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": cache}):
+        with self.assertRaisesRegex(
+            RuntimeError, "exited with status [1-9].*deliberately broken"):
+          lstm_kernels.build(source)
+      self.assertEqual(os.listdir(cache), [])   # no partial library left
+
+  def testBuildsAndRegistersTheOpsOnAnyCpu(self):
+    skip_without_compiler(self)
+    with mock.patch.object(lstm_kernels, "cpu_has_avx512",
+                           return_value=False):
+      path = lstm_kernels.build()
+      library = lstm_kernels.load_library()
+    self.assertEqual(os.path.dirname(path), _module["dir"])
+    self.assertEqual(os.listdir(_module["dir"]), [os.path.basename(path)])
+    for op in _OPS:
+      self.assertTrue(hasattr(library, op), msg=op)
 
   def testBuiltOnceThenLoadedFromTheCache(self):
-    skip_unless_buildable(self)
-    path = lstm_kernels.build()
-    self.assertTrue(path.startswith(_KERNEL_DIR))
-    # A cached library is loaded without running the compiler.
-    with mock.patch.dict(os.environ, {"CXX": "false"}), \
-        mock.patch.object(lstm_kernels, "library_path", return_value=path):
-      self.assertIsNotNone(lstm_kernels.load())
+    skip_without_compiler(self)
+    # The cache on a source of its own, quick to compile.
+    with tempfile.TemporaryDirectory() as tmp, \
+        mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": tmp}), \
+        mock.patch.object(subprocess, "run", wraps=subprocess.run) as run:
+      source = os.path.join(tmp, "tiny.cc")
+      with open(source, "w") as f:
+        f.write("int lstm_kernels_test_tiny() { return 1; }\n")
+      path = lstm_kernels.build(source)
+      self.assertEqual(run.call_count, 1)
+      self.assertEqual(lstm_kernels.build(source), path)
+      self.assertEqual(run.call_count, 1)
+      self.assertEqual(sorted(os.listdir(tmp)),
+                       sorted(["tiny.cc", os.path.basename(path)]))
+    # The kernels, once built, are loaded without running the compiler.
+    lstm_kernels.build()
+    with mock.patch.object(subprocess, "run",
+                           side_effect=AssertionError("compiler run")), \
+        mock.patch.object(lstm_kernels, "cpu_has_avx512",
+                          return_value=False):
+      library = lstm_kernels.load_library()
+    for op in _OPS:
+      self.assertTrue(hasattr(library, op), msg=op)
 
+  def testCpuWithoutAvx512GetsNoKernelsThoughTheyBuild(self):
+    skip_without_compiler(self)
+    with mock.patch.object(lstm_kernels, "cpu_has_avx512",
+                           return_value=False):
+      self.assertTrue(hasattr(lstm_kernels.load_library(), "panel_mat_mul"))
+      with tempfile.TemporaryDirectory() as tmp, \
+          mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": tmp}):
+        with self.assertLogs(level="WARNING") as logs:
+          self.assertIsNone(lstm_kernels.load())
+          self.assertIsNone(lstm_kernels.load())
+        self.assertEqual(os.listdir(tmp), [])   # nothing built for nothing
+      self.assertEqual(lstm_kernels.unavailable_reason(),
+                       "the CPU has no AVX-512")
+      warnings = [line for line in logs.output
+                  if "the CPU has no AVX-512" in line]
+      self.assertEqual(len(warnings), 1, msg=logs.output)   # logged once
+      self._assert_model_uses_tensorflow_ops()
 
 if __name__ == "__main__":
   tf.test.main()

@@ -224,9 +224,14 @@ class MemorySampler:
   `interval` seconds, one whenever the phase or epoch changes, and one at
   stop, each flushed at once so a killed run keeps what it sampled. With
   GPUs, each adds the columns `<gpu>_bytes_in_use,<gpu>_peak_bytes`.
+
+  The clock and the wait between samples can be replaced, so that a test
+  decides when the thread samples and what time each row shows instead of
+  depending on how fast a loaded machine schedules the thread.
   """
 
-  def __init__(self, path, interval=2.0, gpu_memory_fn=None, gpu_names=()):
+  def __init__(self, path, interval=2.0, gpu_memory_fn=None, gpu_names=(),
+               *, clock=time.monotonic, wait=None):
     """Creates a sampler; nothing is opened until start().
 
     Args:
@@ -236,6 +241,13 @@ class MemorySampler:
         returns `{"current": bytes, "peak": bytes}` like
         tf.config.experimental.get_memory_info.
       gpu_names: device names to pass to `gpu_memory_fn`, e.g. ("GPU:0",).
+      clock: returns the current time in seconds; a row's `seconds` is its
+        time minus the time at start().
+      wait: called by the sampling thread as `wait(interval)` before each
+        sample; it returns True when the thread is to end without sampling.
+        The default waits on an event that stop() sets, so stop() ends the
+        wait at once. A replacement that never returns True leaves stop()
+        waiting for the thread.
 
     Raises:
       ValueError: if `interval` is not positive, or GPUs are named without a
@@ -256,6 +268,8 @@ class MemorySampler:
     # Rows come from the sampling thread and from set_phase; one writer.
     self._lock = threading.Lock()
     self._stop_event = threading.Event()
+    self._clock = clock
+    self._wait = self._stop_event.wait if wait is None else wait
     self._thread = None
     self._file = None
     self._writer = None
@@ -292,7 +306,7 @@ class MemorySampler:
     changed = self._position[:2] != (phase, epoch)
     self._position = (phase, epoch, step)
     if changed and self._file is not None:
-      self._sample()
+      self.sample()
 
   def start(self):
     """Opens the file, writes the header and a first row, starts sampling.
@@ -308,10 +322,10 @@ class MemorySampler:
     self._file = open(self._path, "w", newline="")
     self._writer = csv.writer(self._file)
     self._writer.writerow(self.columns)
-    self._start_time = time.monotonic()
+    self._start_time = self._clock()
     # Written here rather than by the thread, so even a run shorter than
     # one interval has a row from its start.
-    self._sample()
+    self.sample()
     self._thread = threading.Thread(
         target=self._run, name="MemorySampler", daemon=True)
     self._thread.start()
@@ -327,7 +341,7 @@ class MemorySampler:
       self._thread.join()
       self._thread = None
     if self._file is not None:
-      self._sample()
+      self.sample()
       with self._lock:
         self._file.close()
         self._file = None
@@ -341,20 +355,26 @@ class MemorySampler:
     return False
 
   def _run(self):
-    # Event.wait rather than time.sleep, so stop() ends the wait at once.
-    while not self._stop_event.wait(self._interval):
-      self._sample()
+    # By default Event.wait rather than time.sleep, so stop() ends the wait
+    # at once.
+    while not self._wait(self._interval):
+      self.sample()
 
-  def _sample(self):
-    """Writes one row for the current moment."""
+  def sample(self):
+    """Writes one row for the current moment, now.
+
+    The sampling thread calls this once per interval, set_phase on a change
+    of phase or epoch, start() and stop() once each. Does nothing before
+    start() or after stop().
+    """
     with self._lock:
-      if self._file is None:  # stop() closed it while set_phase waited
+      if self._file is None:  # not started, or stop() closed it meanwhile
         return
       # Timed inside the lock, so the rows' seconds stay in order.
       rss = current_rss_mib()
       self._peak_rss_mib = max(self._peak_rss_mib, rss)
       phase, epoch, step = self._position
-      row = ["%.3f" % (time.monotonic() - self._start_time), "%.1f" % rss,
+      row = ["%.3f" % (self._clock() - self._start_time), "%.1f" % rss,
              phase, epoch, step]
       for name in self._gpu_names:
         row += self._gpu_row(name)

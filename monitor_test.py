@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import unittest
 from unittest import mock
 
@@ -197,7 +197,73 @@ class ReleaseLibraryPagesTest(unittest.TestCase):
       self.assertEqual(clean[-1], 255)
 
 
+class FakeClock:
+  """A clock that moves only when a test advances it."""
+
+  def __init__(self, now=1000.0):
+    self.now = now
+
+  def __call__(self):
+    return self.now
+
+  def advance(self, seconds):
+    self.now += seconds
+
+
+class ScriptedWait:
+  """A sampler's wait function that lets a script drive the thread.
+
+  The thread's call k (from 0) lets its `interval` pass on the fake clock
+  and returns False, so the thread then writes a row; `script[k]`, if not
+  None, runs halfway through, as the main thread's set_phase would during
+  a real wait. The call after the last entry returns True, which ends the
+  thread, and sets `done`. Everything thus happens on the sampling thread,
+  in an order fixed by the script rather than by the scheduler.
+  """
+
+  def __init__(self, clock, script=()):
+    self._clock = clock
+    self._script = list(script)
+    self.timeouts = []
+    self.done = threading.Event()
+
+  def __call__(self, timeout):
+    self.timeouts.append(timeout)
+    if len(self.timeouts) > len(self._script):
+      self.done.set()
+      return True
+    action = self._script[len(self.timeouts) - 1]
+    self._clock.advance(timeout / 2)
+    if action is not None:
+      action()
+    self._clock.advance(timeout / 2)
+    return False
+
+
+def _no_interval_rows(timeout):
+  """A wait function that ends the sampling thread before its first row."""
+  del timeout
+  return True
+
+
+class FakeRss:
+  """Stands in for monitor.current_rss_mib: the given values, in order."""
+
+  def __init__(self, values):
+    self._values = list(values)
+    self.calls = 0
+
+  def __call__(self):
+    value = self._values[self.calls]
+    self.calls += 1
+    return value
+
+
 class MemorySamplerTest(unittest.TestCase):
+  """Driven by a fake clock and counted waits: no test depends on speed."""
+
+  # Long enough that no real wait ends during a test.
+  HOUR = 3600.0
 
   def setUp(self):
     super().setUp()
@@ -205,100 +271,205 @@ class MemorySamplerTest(unittest.TestCase):
     self.addCleanup(self._tmp.cleanup)
     self._path = os.path.join(self._tmp.name, "memory.csv")
 
-  def testRowsHeaderAndPhase(self):
-    sampler = monitor.MemorySampler(self._path, interval=0.05)
-    sampler.start()
-    time.sleep(0.3)
-    sampler.set_phase("train", 2, 17)
-    time.sleep(0.3)
-    sampler.stop()
+  def _stop_promptly(self, sampler):
+    """Calls sampler.stop(), failing if it takes more than a few seconds.
+
+    stop() runs on a thread of its own, so a stop() that hangs fails the
+    test instead of hanging it. A bound with ample slack for a loaded
+    machine: stopping takes no more than a thread switch.
+    """
+    stopper = threading.Thread(target=sampler.stop, daemon=True)
+    stopper.start()
+    stopper.join(timeout=10)
+    self.assertFalse(stopper.is_alive(), "stop() did not wake the thread")
+
+  def _stop_after_script(self, sampler, wait, clock, seconds):
+    """Lets the thread finish `wait`'s script, moves the clock, stops."""
+    # An upper bound only: the script needs no real time to run.
+    self.assertTrue(wait.done.wait(timeout=30), "the script did not finish")
+    clock.advance(seconds)
+    self._stop_promptly(sampler)
+
+  def testHeaderIntervalRowsAndPhase(self):
+    clock = FakeClock()
+    sampler = None  # bound below; the script runs after start()
+    wait = ScriptedWait(clock, [
+        None, None,
+        lambda: sampler.set_phase("train", 2, 17),  # a row of its own
+        lambda: sampler.set_phase("train", 2, 18),  # same phase: no row
+        None])
+    rss = FakeRss([100.0, 150.5, 120.0, 201.5, 130.0, 140.0, 110.0, 105.0])
+    with mock.patch.object(monitor, "current_rss_mib", rss):
+      sampler = monitor.MemorySampler(self._path, interval=2.0, clock=clock,
+                                      wait=wait)
+      sampler.start()
+      self._stop_after_script(sampler, wait, clock, 0.25)
 
     header, rows = _read_csv(self._path)
     self.assertEqual(header, ["seconds", "rss_mib", "phase", "epoch", "step"])
-    self.assertGreaterEqual(len(rows), 8)
-    seconds = [float(r[0]) for r in rows]
-    self.assertEqual(seconds, sorted(seconds))
-    rss = [float(r[1]) for r in rows]
-    self.assertTrue(all(v > 0 for v in rss))
-    self.assertEqual(rows[0][2:], ["startup", "0", "0"])
-    self.assertEqual(rows[-1][2:], ["train", "2", "17"])
-    # Once switched, the phase never goes back.
-    first_train = [r[2] for r in rows].index("train")
-    self.assertTrue(all(r[2:] == ["train", "2", "17"]
-                        for r in rows[first_train:]))
-    self.assertAlmostEqual(sampler.peak_rss_mib, max(rss), delta=0.1)
+    self.assertEqual(rows, [
+        ["0.000", "100.0", "startup", "0", "0"],  # start()
+        ["2.000", "150.5", "startup", "0", "0"],
+        ["4.000", "120.0", "startup", "0", "0"],
+        ["5.000", "201.5", "train", "2", "17"],  # set_phase
+        ["6.000", "130.0", "train", "2", "17"],
+        ["8.000", "140.0", "train", "2", "18"],  # the step set in between
+        ["10.000", "110.0", "train", "2", "18"],
+        ["10.250", "105.0", "train", "2", "18"]])  # stop()
+    self.assertEqual(wait.timeouts, [2.0] * 6)
+    self.assertEqual(rss.calls, len(rows))
+    self.assertEqual(sampler.peak_rss_mib, 201.5)
 
   def testPhaseChangeWritesRowAtOnce(self):
-    # A phase far shorter than the interval still gets a row of its own.
-    sampler = monitor.MemorySampler(self._path, interval=60.0).start()
+    # A phase far shorter than the interval still gets a row of its own;
+    # the thread writes none here, so every row below is set_phase's.
+    clock = FakeClock()
+    sampler = monitor.MemorySampler(self._path, interval=self.HOUR,
+                                    clock=clock, wait=_no_interval_rows)
+    sampler.set_phase("startup", 0, 0)  # before start(): nothing to write
+    sampler.sample()
+    self.assertFalse(os.path.exists(self._path))
+    sampler.start()
+    clock.advance(0.5)
     sampler.set_phase("train", 1, 0)
+    clock.advance(0.25)
     sampler.set_phase("train", 1, 1)  # same phase: no row
     sampler.set_phase("train", 1, 2)
+    clock.advance(0.25)
     sampler.set_phase("valid", 1, 0)
-    sampler.set_phase("train", 2, 0)
+    # Flushed as written: a killed run keeps them.
+    _, rows = _read_csv(self._path)
+    self.assertEqual([[r[0]] + r[2:] for r in rows[1:]],
+                     [["0.500", "train", "1", "0"],
+                      ["1.000", "valid", "1", "0"]])
+    clock.advance(1.0)
+    sampler.set_phase("train", 2, 0)  # a new epoch, same phase name
+    clock.advance(1.0)
     sampler.set_phase("test", 2, 0)
-    sampler.stop()
+    clock.advance(0.25)
+    sampler.set_phase("test", 2, 7)
+    clock.advance(0.25)
+    self._stop_promptly(sampler)
+    clock.advance(1.0)
     sampler.set_phase("valid", 3, 0)  # after stop: nothing written
+    sampler.sample()
+    sampler.stop()  # a second stop does nothing
 
     _, rows = _read_csv(self._path)
-    self.assertEqual([r[2:] for r in rows],
-                     [["startup", "0", "0"], ["train", "1", "0"],
-                      ["valid", "1", "0"], ["train", "2", "0"],
-                      ["test", "2", "0"], ["test", "2", "0"]])
-    seconds = [float(r[0]) for r in rows]
-    self.assertEqual(seconds, sorted(seconds))
+    self.assertEqual([[r[0]] + r[2:] for r in rows],
+                     [["0.000", "startup", "0", "0"],
+                      ["0.500", "train", "1", "0"],
+                      ["1.000", "valid", "1", "0"],
+                      ["2.000", "train", "2", "0"],
+                      ["3.000", "test", "2", "0"],
+                      ["3.500", "test", "2", "7"]])  # stop()
+    self.assertTrue(all(float(r[1]) > 0 for r in rows))
 
   def testGpuColumns(self):
-    names = []
+    calls = []
 
     def fake_memory_info(name):
-      names.append(name)
-      return {"current": 1048576, "peak": 2097152}
+      calls.append(name)
+      # Distinct values per call and device, so a shifted or swapped
+      # column shows.
+      n = len(calls)
+      return {"current": 1000 * n, "peak": 1000 * n + 1}
 
-    with monitor.MemorySampler(self._path, interval=10.0,
-                               gpu_memory_fn=fake_memory_info,
-                               gpu_names=("GPU:0",)):
-      pass
+    clock = FakeClock()
+    wait = ScriptedWait(clock, [None])
+    sampler = monitor.MemorySampler(
+        self._path, interval=10.0, gpu_memory_fn=fake_memory_info,
+        gpu_names=("GPU:0", "GPU:1"), clock=clock, wait=wait).start()
+    self._stop_after_script(sampler, wait, clock, 1.0)
 
     header, rows = _read_csv(self._path)
     self.assertEqual(header, ["seconds", "rss_mib", "phase", "epoch", "step",
-                              "gpu0_bytes_in_use", "gpu0_peak_bytes"])
-    self.assertEqual(len(rows), 2)  # the start row and the stop row
-    for row in rows:
-      self.assertEqual(row[5:], ["1048576", "2097152"])
-    self.assertEqual(set(names), {"GPU:0"})
+                              "gpu0_bytes_in_use", "gpu0_peak_bytes",
+                              "gpu1_bytes_in_use", "gpu1_peak_bytes"])
+    self.assertEqual(sampler.columns, tuple(header))
+    self.assertEqual([[r[0]] + r[2:] for r in rows], [
+        ["0.000", "startup", "0", "0", "1000", "1001", "2000", "2001"],
+        ["10.000", "startup", "0", "0", "3000", "3001", "4000", "4001"],
+        ["11.000", "startup", "0", "0", "5000", "5001", "6000", "6001"]])
+    self.assertEqual(calls, ["GPU:0", "GPU:1"] * 3)
 
   def testFailingGpuProbeLeavesEmptyCells(self):
 
-    def broken_memory_info(name):
-      raise ValueError("no memory info for %s" % name)
+    def memory_info(name):
+      if name == "GPU:1":
+        raise ValueError("no memory info for %s" % name)
+      return {"current": 5, "peak": 7}
 
-    with monitor.MemorySampler(self._path, gpu_memory_fn=broken_memory_info,
-                               gpu_names=("GPU:1",)):
-      pass
+    clock = FakeClock()
+    wait = ScriptedWait(clock, [None, None])
+    sampler = monitor.MemorySampler(
+        self._path, gpu_memory_fn=memory_info, gpu_names=("GPU:0", "GPU:1"),
+        clock=clock, wait=wait).start()
+    self._stop_after_script(sampler, wait, clock, 1.0)
+
     header, rows = _read_csv(self._path)
-    self.assertEqual(header[5:], ["gpu1_bytes_in_use", "gpu1_peak_bytes"])
-    self.assertEqual([r[5:] for r in rows], [["", ""], ["", ""]])
+    self.assertEqual(header[5:], ["gpu0_bytes_in_use", "gpu0_peak_bytes",
+                                  "gpu1_bytes_in_use", "gpu1_peak_bytes"])
+    # The thread went on sampling after the probe failed in it.
+    self.assertEqual([[r[0]] + r[5:] for r in rows],
+                     [["0.000", "5", "7", "", ""],
+                      ["2.000", "5", "7", "", ""],
+                      ["4.000", "5", "7", "", ""],
+                      ["5.000", "5", "7", "", ""]])
+
+  def testDefaultWaitSamplesEveryInterval(self):
+    # The real clock and wait. Only an upper bound on time: the test waits
+    # for the thread's first row however long the machine takes, up to a
+    # minute, and counts nothing over a fixed time.
+    lock = threading.Lock()
+    probes = []
+    thread_row = threading.Event()
+
+    def memory_info(name):
+      del name
+      with lock:
+        probes.append(threading.current_thread().name)
+      if threading.current_thread().name == "MemorySampler":
+        thread_row.set()
+      return {"current": 0, "peak": 0}
+
+    sampler = monitor.MemorySampler(self._path, interval=0.01,
+                                    gpu_memory_fn=memory_info,
+                                    gpu_names=("GPU:0",)).start()
+    self.assertTrue(thread_row.wait(timeout=60), "the thread never sampled")
+    self._stop_promptly(sampler)
+
+    _, rows = _read_csv(self._path)
+    self.assertGreaterEqual(len(rows), 3)  # start, the thread's, stop
+    self.assertEqual(len(rows), len(probes))
+    self.assertNotEqual(probes[0], "MemorySampler")  # start() writes its own
+    seconds = [float(r[0]) for r in rows]
+    self.assertEqual(seconds, sorted(seconds))
+    self.assertGreaterEqual(seconds[-1], 0.01)
+    self.assertTrue(all(r[2:5] == ["startup", "0", "0"] for r in rows))
 
   def testStopIsPromptWithLongInterval(self):
-    sampler = monitor.MemorySampler(self._path, interval=60.0).start()
-    begin = time.monotonic()
-    sampler.stop()
-    self.assertLess(time.monotonic() - begin, 2.0)
+    # The real clock and wait: stop() must end the thread's hour-long wait.
+    sampler = monitor.MemorySampler(self._path, interval=self.HOUR).start()
+    self._stop_promptly(sampler)
     sampler.stop()  # a second stop does nothing
     _, rows = _read_csv(self._path)
-    self.assertEqual(len(rows), 2)
+    self.assertEqual([r[2:] for r in rows], [["startup", "0", "0"]] * 2)
 
   def testRejectsBadArguments(self):
-    with self.assertRaises(ValueError):
-      monitor.MemorySampler(self._path, interval=0)
+    for interval in (0, -1.0):
+      with self.assertRaises(ValueError):
+        monitor.MemorySampler(self._path, interval=interval)
     with self.assertRaises(ValueError):
       monitor.MemorySampler(self._path, gpu_names=("GPU:0",))
+    self.assertFalse(os.path.exists(self._path))
 
   def testStartTwiceRaises(self):
-    with monitor.MemorySampler(self._path, interval=60.0) as sampler:
+    with monitor.MemorySampler(self._path, wait=_no_interval_rows) as sampler:
       with self.assertRaises(RuntimeError):
         sampler.start()
+    _, rows = _read_csv(self._path)
+    self.assertEqual(len(rows), 2)  # the first start's row and stop's
 
 
 class WriteJsonAtomicTest(unittest.TestCase):

@@ -767,6 +767,15 @@ def _softmax_loss_ops(inputs, softmax_w, softmax_b, labels):
   return loss, grad
 
 
+def dropout_mask(shape, keep_prob, dtype):
+  """A mask: each entry 1 / keep_prob with probability keep_prob, else 0.
+
+  Drawn as tf.nn.dropout draws it (uniform >= 1 - keep_prob).
+  """
+  keep = tf.random.uniform(shape) >= 1 - keep_prob
+  return tf.cast(keep, dtype) / tf.cast(keep_prob, dtype)
+
+
 class PTBModel(object):
   """The PTB model.
 
@@ -882,21 +891,22 @@ class PTBModel(object):
 
     # Time-major from here on: [steps, batch, ...].
     inputs = tf.nn.embedding_lookup(embedding, tf.transpose(input_data))
+    # Dropout as explicit masks, on the embeddings, between layers and
+    # before the softmax: the BASIC wavefront applies the ones between
+    # layers a chunk at a time.
+    masks = {}
     if keep_prob < 1:
-      inputs = tf.nn.dropout(inputs, rate=1 - keep_prob)
-    # Dropout between layers as masks (0 or 1 / keep_prob, drawn like
-    # tf.nn.dropout's), so that the BASIC wavefront can apply them a chunk
-    # at a time.
-    masks = None
-    if keep_prob < 1:
-      shape = [inputs.shape[0], batch_size, size]
-      masks = [tf.cast(tf.random.uniform(shape) >= 1 - keep_prob, dtype) /
-               keep_prob for _ in range(num_layers - 1)]
+      shape = [input_data.shape[1], batch_size, size]
+      masks = {"input": dropout_mask(shape, keep_prob, dtype),
+               "layers": [dropout_mask(shape, keep_prob, dtype)
+                          for _ in range(num_layers - 1)],
+               "output": dropout_mask(shape, keep_prob, dtype)}
+      inputs *= masks["input"]
     inputs, final_state = lstm_stack(
         self._rnn_mode, inputs, initial_state, params[1:-2:2], params[2:-2:2],
-        masks, chunk=wavefront_chunk(size))
-    if keep_prob < 1:
-      inputs = tf.nn.dropout(inputs, rate=1 - keep_prob)
+        masks.get("layers"), chunk=wavefront_chunk(size))
+    if masks:
+      inputs *= masks["output"]
 
     output = tf.reshape(inputs, [-1, size])
     loss = softmax_loss(output, softmax_w, softmax_b,
@@ -905,7 +915,7 @@ class PTBModel(object):
       loss *= tf.reshape(tf.transpose(weights), [-1])
     cost = tf.reduce_sum(loss) / tf.cast(batch_size, tf.float32)
     return cost, {"var": state_var, "initial": initial_state,
-                  "final": tuple(final_state)}
+                  "final": tuple(final_state), "dropout": masks}
 
   def assign_lr(self, session, lr_value):
     session.run(self._lr_update, feed_dict={self._new_lr: lr_value})
@@ -923,6 +933,16 @@ class PTBModel(object):
   def final_state(self):
     """The first tower's final state: a tuple of LSTMStateTuple."""
     return self._states[0]["final"]
+
+  @property
+  def dropout_masks(self):
+    """The first tower's dropout masks: {} without dropout, else a dict.
+
+    "input" (on the embeddings), "layers" (one per layer but the last, on
+    its outputs) and "output" (before the softmax), each `[steps, batch,
+    hidden]` of 0 and 1 / keep_prob, drawn anew at every session call.
+    """
+    return self._states[0]["dropout"]
 
   @property
   def cost(self):
@@ -1069,6 +1089,12 @@ def run_epoch(session, model, eval_op=None, verbose=False, start=None,
              (step + 1 - first) * words_per_window /
              (time.time() - start_time)), flush=True)
   return np.exp(costs / iters)
+
+
+def epoch_learning_rate(config, epoch):
+  """The learning rate of epoch `epoch` (from 0): decayed after max_epoch."""
+  return config.learning_rate * config.lr_decay ** max(
+      epoch + 1 - config.max_epoch, 0.0)
 
 
 def get_config(model, rnn_mode=None):
@@ -1509,8 +1535,7 @@ class TrainingRun(object):
     """Trains epoch i (from 0), validates on the chief; records it."""
     config, m = self.config, self.m
     epoch_start = time.time()
-    lr = config.learning_rate * config.lr_decay ** max(
-        i + 1 - config.max_epoch, 0.0)
+    lr = epoch_learning_rate(config, i)
     m.assign_lr(session, lr)
     print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
     self.where.update(phase="train", epoch=i + 1, step=0, costs=0.0)

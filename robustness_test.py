@@ -23,6 +23,12 @@ def final_test_perplexity(out):
   return float(match.group(1)) if match else None
 
 
+def perplexity_lines(out):
+  """The run's Train, Valid and Test perplexity lines, as printed."""
+  return re.findall(r"^(?:Epoch: \d+ (?:Train|Valid) |Test )Perplexity: .*$",
+                    out, re.M)
+
+
 def snapshot(directory):
   """Names, sizes and modification times of the files in `directory`."""
   return {name: (os.path.getsize(os.path.join(directory, name)),
@@ -36,23 +42,33 @@ class RobustnessTest(tf.test.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls._tmp = tempfile.TemporaryDirectory()
-    # Long enough that a first epoch of --model=test lasts a few seconds.
+    # A corpus that needs the LSTM state carried from step to step (a run
+    # that loses it, or its data position, on resume ends far above
+    # LEARNED_TEST_PERPLEXITY), long enough that a first epoch lasts a few
+    # hundred steps.
     cls.data = os.path.join(cls._tmp.name, "data")
     os.mkdir(cls.data)
-    lm_test.make_corpus(cls.data, train_lines=8000)
-    cls.base = ["--data_path=" + cls.data, "--model=test", "--num_gpus=0",
-                SEED]
+    lm_test.make_structured_corpus(cls.data, train_lines=3000)
+    cls.base = cls.args()
     code, out, err = lm_test.run_script(*cls.base)
     assert code == 0, err
-    cls.reference = final_test_perplexity(out)
+    cls.reference = perplexity_lines(out)
+    assert final_test_perplexity(out) < lm_test.LEARNED_TEST_PERPLEXITY, out
+
+  @classmethod
+  def args(cls, overrides=""):
+    """The command line of the runs, with `overrides` after the learning ones."""
+    return ["--data_path=" + cls.data, "--model=test", "--num_gpus=0", SEED,
+            "--config_overrides=" + ",".join(
+                filter(None, [lm_test.LEARNING_OVERRIDES, overrides]))]
 
   @classmethod
   def tearDownClass(cls):
     cls._tmp.cleanup()
     super().tearDownClass()
 
-  def _interrupt(self, save, sig, extra=()):
-    """Starts a run, sends `sig` after its second progress line."""
+  def _interrupt(self, save, sig, extra=(), progress_lines=2):
+    """Starts a run, sends `sig` after its `progress_lines`-th progress line."""
     proc = subprocess.Popen(
         [sys.executable, lm_test.SCRIPT] + self.base +
         ["--save_path=" + save] + list(extra),
@@ -62,11 +78,18 @@ class RobustnessTest(tf.test.TestCase):
     for line in proc.stdout:
       if "wps" in line:
         seen += 1
-        if seen == 2:
+        if seen == progress_lines:
           break
+    self.assertEqual(seen, progress_lines, "the run ended before the signal")
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out, err
+
+  def assertResumedExactly(self, out):
+    """The resumed run printed the uninterrupted run's perplexities."""
+    # Every perplexity is printed: epoch 1's train perplexity too, from the
+    # summed cost that the checkpoint carries.
+    self.assertEqual(perplexity_lines(out), self.reference)
 
   def _check_resumes(self, sig, code):
     with tempfile.TemporaryDirectory() as save:
@@ -83,7 +106,7 @@ class RobustnessTest(tf.test.TestCase):
                         % re.escape(save), out, re.M)
       self.assertIsNotNone(match, out)
       self.assertGreater(int(match.group(1)), 0)
-      self.assertAllClose(final_test_perplexity(out), self.reference, rtol=0.01)
+      self.assertResumedExactly(out)
 
   def testSigtermSavesAndResumes(self):
     self._check_resumes(signal.SIGTERM, 143)
@@ -93,14 +116,19 @@ class RobustnessTest(tf.test.TestCase):
 
   def testSigkillKeepsTheLastCheckpointUsable(self):
     with tempfile.TemporaryDirectory() as save:
-      self._interrupt(save, signal.SIGKILL, ["--save_every_steps=100"])
+      # Progress lines come at steps 10, 77 and 144 (675 steps an epoch):
+      # by the third, the checkpoint of step 100 has been written.
+      self._interrupt(save, signal.SIGKILL, ["--save_every_steps=100"],
+                      progress_lines=3)
+      self.assertIsNotNone(tf.train.latest_checkpoint(save))
       code, out, err = lm_test.run_script(*(self.base +
                                             ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
       match = re.search(r"^Resuming from epoch 1 step (\d+) of ", out, re.M)
-      if match:  # Killed after the first periodic save.
-        self.assertEqual(int(match.group(1)) % 100, 0)
-      self.assertAllClose(final_test_perplexity(out), self.reference, rtol=0.01)
+      self.assertIsNotNone(match, out)
+      self.assertGreater(int(match.group(1)), 0)
+      self.assertEqual(int(match.group(1)) % 100, 0)
+      self.assertResumedExactly(out)
 
   def testResumeAfterAFinishedEpochKeepsTheSchedule(self):
     with tempfile.TemporaryDirectory() as save:
@@ -108,12 +136,12 @@ class RobustnessTest(tf.test.TestCase):
       code, _, err = lm_test.run_script(*args)
       self.assertEqual(code, 0, err)
       code, out, err = lm_test.run_script(
-          *(args + ["--config_overrides=max_max_epoch=2"]))
+          *(self.args("max_max_epoch=4") + ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
-      self.assertIn("Resuming from epoch 2 step 0 of %s" % save, out)
-      # max_epoch is 1 and lr_decay 0.5: epoch 2 trains at 0.5.
-      self.assertIn("Epoch: 2 Learning rate: 0.500", out)
-      self.assertNotIn("Epoch: 1 ", out)
+      self.assertIn("Resuming from epoch 4 step 0 of %s" % save, out)
+      # max_epoch is 2 and lr_decay 0.5: epoch 4 trains at 0.25.
+      self.assertIn("Epoch: 4 Learning rate: 0.250", out)
+      self.assertNotRegex(out, "Epoch: [123] ")
 
   def testCheckpointOfAnotherConfigurationIsRefused(self):
     with tempfile.TemporaryDirectory() as save:
@@ -121,12 +149,12 @@ class RobustnessTest(tf.test.TestCase):
       self.assertEqual(code, 0, err)
       before = snapshot(save)
       code, _, err = lm_test.run_script(
-          *(self.base + ["--save_path=" + save,
-                         "--config_overrides=hidden_size=3"]))
+          *(self.args("hidden_size=3") + ["--save_path=" + save]))
       self.assertEqual(code, 1)
       self.assertNotIn("Traceback", err)
       self.assertRegex(err, r"holds a checkpoint of another configuration: "
-                       r"Model/RNN/cell_0/bias is \[8\] there and \[12\] here")
+                       r"Model/RNN/cell_0/bias is \[64\] there and \[12\] "
+                       r"here")
       self.assertEqual(snapshot(save), before)
 
   def testDivergenceStopsAndKeepsTheLastGoodCheckpoint(self):
@@ -135,13 +163,12 @@ class RobustnessTest(tf.test.TestCase):
       self.assertEqual(code, 0, err)
       before = snapshot(save)
       code, out, err = lm_test.run_script(
-          *(self.base + ["--save_path=" + save,
-                         "--config_overrides=max_max_epoch=2,"
-                         "learning_rate=1e38"]))
+          *(self.args("max_max_epoch=4,learning_rate=1e38") +
+            ["--save_path=" + save]))
       self.assertEqual(code, 1, out)
       self.assertNotIn("Traceback", err)
-      self.assertRegex(err, r"error: training diverged (at epoch 2 step \d+: "
-                       r"the cost is (nan|inf)|in epoch 2: the weights are not "
+      self.assertRegex(err, r"error: training diverged (at epoch 4 step \d+: "
+                       r"the cost is (nan|inf)|in epoch 4: the weights are not "
                        r"finite); the last good checkpoint in %s is kept"
                        % re.escape(save))
       after = snapshot(save)

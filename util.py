@@ -159,8 +159,11 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
     with tf.device(var.device):
       shared = "sync_accumulator/" + var.op.name
       if isinstance(grad, tf.IndexedSlices):
+        # Summed, and divided by the replicas below: its "MEAN" divides each
+        # row by the replicas whose gradient holds that row, so a word in
+        # one replica's rows only would get the full step instead of 1/N.
         acc = tf.compat.v1.SparseConditionalAccumulator(
-            grad.dtype, var.shape, shared_name=shared)
+            grad.dtype, var.shape, shared_name=shared, reduction_type="SUM")
         pushes.append(acc.apply_indexed_slices_grad(grad, local_step))
       else:
         acc = tf.compat.v1.ConditionalAccumulator(grad.dtype, var.shape,
@@ -178,7 +181,10 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
       for acc, (_, var) in zip(accumulators, grads_and_vars):
         with tf.device(var.device):
           if isinstance(acc, tf.compat.v1.SparseConditionalAccumulator):
-            averaged.append(acc.take_indexed_slices_grad(num_replicas))
+            total = acc.take_indexed_slices_grad(num_replicas)
+            averaged.append(tf.IndexedSlices(
+                total.values / num_replicas, total.indices,
+                total.dense_shape))
           else:
             averaged.append(acc.take_grad(num_replicas))
       update = optimizer.apply_gradients(

@@ -1,5 +1,6 @@
 """Tests of util.py: towers, gradient averaging and the cuDNN weight layout."""
 
+import copy
 import os
 import re
 import tempfile
@@ -38,6 +39,46 @@ def _train_one_step(config, rows, rnn_mode, devices, weights=None):
       before = sess.run(tvars)
       cost, _ = sess.run([model.cost, model.train_op])
       return cost, before, sess.run(tvars)
+
+
+def _train_steps(config, data, rnn_mode, devices, weights, lr=1.0,
+                 reset_every_step=False):
+  """Trains one pass over `data` with `ptb_word_lm.run_epoch`, state carried.
+
+  Builds the model the way training does (`ptb_word_lm.build_model`), loads
+  `weights` into its trainable variables (in their creation order) and runs
+  one training pass: every step runs the cost, the update and the state
+  update, and the next step starts from the state this one stored (from
+  zeros with `reset_every_step`: a reference that carries no state).
+
+  Returns:
+    (per-step costs, trainable values after, each tower's state variable
+    after: `[layers, 2, batch, hidden]`).
+  """
+  config = copy.copy(config)
+  config.rnn_mode = rnn_mode
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(1)
+    model = ptb_word_lm.build_model("Train", True, config, data, devices)
+    tvars = tf.compat.v1.trainable_variables()
+    costs = []
+    with tf.compat.v1.Session(
+        config=ptb_word_lm.session_config(devices, 0, 0)) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      sess.run(tf.compat.v1.local_variables_initializer())
+      for var, value in zip(tvars, weights):
+        var.load(value, sess)
+      model.assign_lr(sess, lr)
+
+      def on_step(step, cost, total):
+        del step, total  # Unused.
+        costs.append(cost)
+        if reset_every_step:
+          sess.run(model.reset_state)
+
+      ptb_word_lm.run_epoch(sess, model, eval_op=model.train_op,
+                            on_step=on_step)
+      return costs, sess.run(tvars), sess.run(model.state_variables)
 
 
 class TowerTest(tf.test.TestCase):
@@ -82,6 +123,51 @@ class TowerTest(tf.test.TestCase):
         self.assertAllClose(a1, a2, rtol=1e-5, atol=1e-7, msg=mode)
         self.assertGreater(np.abs(a1 - w).max(), 0)  # The step changed it.
 
+  def testTwoTowersEqualOneTowerWithDoubleBatchOverSteps(self):
+    # The one-step test above starts from zero state, where any assignment
+    # of rows to towers gives the same cost. Here a training pass of
+    # num_steps windows carries each tower's state from step to step, so a
+    # tower that read another's state (shared or swapped) or lost its own
+    # (reset every step) would train on other numbers than the single tower
+    # of batch 2B, whose rows [k*B, (k+1)*B) are tower k's.
+    num_steps = 5
+    config = lm_test.TinyConfig()
+    config.vocab_size = 20
+    big = copy.copy(config)
+    big.batch_size = 2 * config.batch_size
+    rng = np.random.RandomState(11)
+    # Random ids: every row, so every tower, is a different stream.
+    data = rng.randint(0, config.vocab_size, size=2 * config.batch_size * (
+        num_steps * config.num_steps + 1)).astype(np.int32)
+    size, vocab = config.hidden_size, config.vocab_size
+    shapes = ([[vocab, size]] + [[2 * size, 4 * size], [4 * size]] *
+              config.num_layers + [[size, vocab], [vocab]])
+    weights = [rng.uniform(-0.5, 0.5, s).astype(np.float32) for s in shapes]
+    batch = config.batch_size
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+      costs1, after1, (state1,) = _train_steps(big, data, mode, ["/cpu:0"],
+                                               weights)
+      costs2, after2, states2 = _train_steps(config, data, mode,
+                                             ["/cpu:0", "/cpu:1"], weights)
+      self.assertLen(costs1, num_steps, msg=mode)
+      self.assertAllClose(costs1, costs2, rtol=1e-5, atol=0, msg=mode)
+      for a1, a2, w in zip(after1, after2, weights):
+        self.assertAllClose(a1, a2, rtol=1e-5, atol=1e-5, msg=mode)
+        self.assertGreater(np.abs(a1 - w).max(), 1e-2)  # Training moved it.
+      self.assertLen(states2, 2)
+      for k, state in enumerate(states2):
+        self.assertAllClose(state, state1[:, :, k * batch:(k + 1) * batch],
+                            rtol=1e-5, atol=1e-5, msg=mode)
+      # The towers' states differ enough for a swap to show.
+      self.assertGreater(np.abs(states2[0] - states2[1]).max(), 0.1)
+      # And the state is carried: from zeros at every step, the costs of
+      # steps 2.. differ (the first step starts from zeros either way).
+      costs0, _, _ = _train_steps(big, data, mode, ["/cpu:0"], weights,
+                                  reset_every_step=True)
+      self.assertAllClose(costs0[0], costs1[0], rtol=1e-5, atol=0)
+      self.assertGreater(
+          np.min(np.abs(np.subtract(costs0, costs1))[1:] / costs1[1:]), 1e-4)
+
   def testTowersPlaceWorkOnTheirDevices(self):
     config = lm_test.TinyConfig()
     rows = np.zeros([2 * config.batch_size, config.num_steps + 1], np.int32)
@@ -98,9 +184,12 @@ class TowerTest(tf.test.TestCase):
 
   def testCpuTowersTrainLikeOneTowerWithDoubleBatch(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp, train_lines=600)
+      # Learnable only with each tower's state carried: a tower that loses
+      # its state, or takes another's, ends above LEARNED_TEST_PERPLEXITY.
+      # Twice the lines of the corpus's default: batch 40 takes half the steps.
+      lm_test.make_structured_corpus(tmp, train_lines=3000)
       base = ["--data_path=" + tmp, "--model=test", "--num_gpus=0", "--seed=1",
-              "--config_overrides=hidden_size=16,max_max_epoch=2"]
+              "--config_overrides=" + lm_test.LEARNING_OVERRIDES]
       code, towers, err = lm_test.run_script(*(base + ["--cpu_towers=2"]))
       self.assertEqual(code, 0, err)
       base[-1] += ",batch_size=40"
@@ -110,6 +199,7 @@ class TowerTest(tf.test.TestCase):
     def figures(out, what):
       return [float(v) for v in re.findall(what + r" Perplexity: (\S+)", out)]
 
+    self.assertLess(figures(towers, "Test")[0], lm_test.LEARNED_TEST_PERPLEXITY)
     for what in ("Train", "Test"):
       got, want = figures(towers, what), figures(single, what)
       self.assertNotEmpty(want)
