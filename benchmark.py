@@ -9,7 +9,7 @@ just after the combination's steps), their ratio (model FLOP utilisation),
 peak RSS, whether the per-step recurrent products ran on this project's
 AVX-512 kernels (recurrent=kernels) or on tf.matmul (recurrent=matmul), and
 whether the softmax layer ran on its kernel (softmax=kernel) or on
-TensorFlow's softmax (softmax=ops; lstm_kernels.py).
+TensorFlow's softmax (softmax=ops; ptb/kernels.py).
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
@@ -20,7 +20,7 @@ The last line printed is `wps: N` for the last combination.
 import json
 import time
 
-import monitor
+from ptb import monitor
 if __name__ == "__main__":
   # Before TensorFlow is imported: no Keras, two malloc arenas.
   monitor.reduce_memory_footprint()
@@ -29,6 +29,9 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
+from ptb import config as config_lib
+from ptb import devices as devices_lib
+from ptb.errors import UserError
 import ptb_word_lm
 import reader
 
@@ -78,15 +81,16 @@ def matmul_ceiling(session_config, size=2048, seconds=0.7, trials=4):
 
 def measure(model_name, rnn_mode, train_data, devices, session_config):
   """Times training steps of one model/rnn_mode; returns the figures."""
-  config = ptb_word_lm.resolve_config(model_name, rnn_mode, FLAGS.num_gpus,
-                                      FLAGS.config_overrides)
-  ptb_word_lm.check_devices(FLAGS.num_gpus, config.rnn_mode, FLAGS.cpu_towers)
+  config = config_lib.resolve_config(
+      ptb_word_lm.get_config(model_name, rnn_mode), FLAGS.num_gpus,
+      FLAGS.config_overrides)
+  devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode, FLAGS.cpu_towers)
   with tf.Graph().as_default():
     if FLAGS.seed is not None:
       tf.compat.v1.set_random_seed(FLAGS.seed)
     model = ptb_word_lm.build_model("Train", True, config, train_data, devices,
                                     FLAGS.use_fp16)
-    # Whether the model runs on lstm_kernels' ops: figures of machines
+    # Whether the model runs on the kernels' ops: figures of machines
     # compare only like with like.
     types = {op.type
              for op in tf.compat.v1.get_default_graph().get_operations()}
@@ -119,20 +123,20 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
 
 def main(_):
   if not FLAGS.data_path:
-    raise ptb_word_lm.UserError("Must set --data_path to PTB data directory",
-                                exit_code=2)
+    raise UserError("Must set --data_path to PTB data directory",
+                    exit_code=2)
   models = [m.strip() for m in FLAGS.model.split(",") if m.strip()]
   modes = ([m.strip() for m in FLAGS.rnn_mode.split(",") if m.strip()]
            if FLAGS.rnn_mode else [None])
-  devices = ptb_word_lm.check_devices(
-      FLAGS.num_gpus, ptb_word_lm.parse_rnn_mode(modes[0] or "basic"),
+  devices = devices_lib.check_devices(
+      FLAGS.num_gpus, config_lib.parse_rnn_mode(modes[0] or "basic"),
       FLAGS.cpu_towers)
-  session_config = ptb_word_lm.session_config(
+  session_config = devices_lib.session_config(
       devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
   try:
     train_data = reader.ptb_raw_data(FLAGS.data_path)[0]
   except reader.DataError as e:
-    raise ptb_word_lm.UserError(str(e)) from None
+    raise UserError(str(e)) from None
   # The ceiling is measured before and after each combination, and the
   # higher of the two counts: the machine's speed drifts from minute to
   # minute, and a ceiling taken once, in a slow minute, made a large run's

@@ -9,15 +9,15 @@ import tempfile
 
 import tensorflow as tf
 
+from ptb import kernels
+from ptb import testing
 import benchmark
-import lstm_kernels
 import ptb_word_lm
-import ptb_word_lm_test as lm_test
 
 
 def _kernels_buildable():
   """Whether a benchmark.py process can build and use lstm_kernels here."""
-  return lstm_kernels.cpu_has_avx512() and lstm_kernels.compiler_found()
+  return kernels.cpu_has_avx512() and kernels.compiler_found()
 
 
 def _softmax_path():
@@ -37,10 +37,10 @@ class BenchmarkTest(tf.test.TestCase):
 
   def testEveryCombinationAndJson(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       out_json = os.path.join(tmp, "bench.json")
       proc = subprocess.run(
-          [sys.executable, os.path.join(lm_test.HERE, "benchmark.py"),
+          [sys.executable, os.path.join(testing.HERE, "benchmark.py"),
            "--data_path=" + tmp, "--model=test", "--rnn_mode=BASIC,block",
            "--num_gpus=0", "--steps=3", "--warmup=1",
            "--config_overrides=vocab_size=100", "--output_json=" + out_json],
@@ -73,12 +73,12 @@ class BenchmarkTest(tf.test.TestCase):
                           r["wps"] * r["train_flops_per_word"] / 1e9)
 
   def testReportsTheKernelsWhereTheModelUsesThem(self):
-    # Hidden 512 is where ptb_word_lm starts to use lstm_kernels' ops.
+    # Hidden 512 is where the model starts to use the kernels' ops.
     want = "kernels" if _kernels_buildable() else "matmul"
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       proc = subprocess.run(
-          [sys.executable, os.path.join(lm_test.HERE, "benchmark.py"),
+          [sys.executable, os.path.join(testing.HERE, "benchmark.py"),
            "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
            "--warmup=1",
            "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10"],
@@ -96,10 +96,10 @@ class EvalUnrollTest(tf.test.TestCase):
 
   def testPerplexitiesDoNotDependOnEvalUnroll(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       figures = []
       for unroll in ("1", "7", "200"):
-        code, out, err = lm_test.run_script(
+        code, out, err = testing.run_script(
             "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--seed=2",
             "--eval_unroll=" + unroll)
         self.assertEqual(code, 0, err)

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import unittest
 
-import monitor
+from ptb import monitor
 import plot_run
 
 _PLOT_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -1,6 +1,7 @@
 """Tests of the model, the training step and the command line of ptb_word_lm.py."""
 
 import copy
+import json
 import os
 import re
 import subprocess
@@ -11,351 +12,25 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-import lstm_kernels
-import monitor
+from ptb import config as config_lib
+from ptb import monitor
+from ptb import training
+from ptb.testing import HERE
+from ptb.testing import LEARNED_TEST_PERPLEXITY
+from ptb.testing import LEARNING_OVERRIDES
+from ptb.testing import TinyConfig
+from ptb.testing import assert_user_error
+from ptb.testing import build_tiny_model
+from ptb.testing import make_corpus
+from ptb.testing import make_structured_corpus
+from ptb.testing import reference_lstm
+from ptb.testing import run_script
+from ptb.testing import unigram_perplexity
 import ptb_word_lm
 import reader
 import reader_test
-import util
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "ptb_word_lm.py")
 PTB_PATH = reader_test.PTB_PATH
-
-
-def make_corpus(directory, num_words=30, train_lines=300, seed=0,
-                word_prefix="w"):
-  """Writes a small generated PTB-like corpus; returns the directory."""
-  rng = np.random.RandomState(seed)
-  words = ["%s%d" % (word_prefix, i) for i in range(num_words)]
-  for name, lines in (("train", train_lines), ("valid", 40), ("test", 40)):
-    with open(os.path.join(directory, "ptb.%s.txt" % name), "w") as f:
-      for _ in range(lines):
-        # A skewed distribution, so that a model has something to learn.
-        ids = np.minimum(rng.geometric(0.15, size=rng.randint(3, 12)) - 1,
-                         num_words - 1)
-        f.write(" " + " ".join(words[i] for i in ids) + " \n")
-  return directory
-
-
-def make_structured_corpus(directory, train_lines=1500, num_words=10, seed=0,
-                           period=2, length=8):
-  """Writes a corpus that only a model carrying its LSTM state can learn.
-
-  Every line repeats `period` words drawn at random (`a b a b a b a b`), so
-  each word after the first `period` is the word `period` steps back, and
-  is independent of the word just before it: a model that sees only the
-  current word (one that loses its state) does no better than the unigram
-  model, one that remembers the previous words predicts most of them.
-  With `LEARNING_OVERRIDES` on --model=test (2 steps a window), half of
-  those dependencies cross from one window to the next.
-
-  Returns:
-    The directory.
-  """
-  rng = np.random.RandomState(seed)
-  words = ["s%d" % i for i in range(num_words)]
-  for name, lines in (("train", train_lines), ("valid", 200), ("test", 100)):
-    with open(os.path.join(directory, "ptb.%s.txt" % name), "w") as f:
-      for _ in range(lines):
-        ids = np.resize(rng.randint(num_words, size=period), length)
-        f.write(" " + " ".join(words[i] for i in ids) + " \n")
-  return directory
-
-
-# --model=test made big enough to learn make_structured_corpus (10 words and
-# <eos>) in a few seconds.
-LEARNING_OVERRIDES = ("hidden_size=16,vocab_size=11,max_epoch=2,"
-                      "max_max_epoch=3,max_grad_norm=5")
-# A test perplexity below this shows that the model learned what needs its
-# state (the corpus test shows the unigram model and a model that loses its
-# state at every step above 9).
-LEARNED_TEST_PERPLEXITY = 4.0
-
-
-def run_script(*args, timeout=600):
-  """Runs ptb_word_lm.py; returns (exit code, stdout, stderr)."""
-  proc = subprocess.run([sys.executable, SCRIPT] + list(args),
-                        capture_output=True, text=True, timeout=timeout,
-                        cwd=HERE)
-  return proc.returncode, proc.stdout, proc.stderr
-
-
-class TinyConfig(object):
-  init_scale = 0.1
-  learning_rate = 1.0
-  max_grad_norm = 5
-  num_layers = 2
-  num_steps = 5
-  hidden_size = 8
-  max_epoch = 1
-  max_max_epoch = 1
-  keep_prob = 1.0
-  lr_decay = 0.5
-  batch_size = 4
-  vocab_size = 30
-  rnn_mode = ptb_word_lm.BASIC
-
-
-# BlockLSTM with TensorFlow's registered gradient (BlockLSTMGrad): an
-# independent reference for the hand-written backward pass of both modes.
-REGISTERED = "block_lstm_registered_gradient"
-
-
-def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
-  """One LSTM layer's outputs and gradients for numpy inputs."""
-  x, c0, h0, kernel, bias, dy, dc, dh = (tf.constant(v, dtype) for v in inputs)
-  if rnn_mode == REGISTERED:
-    block = ptb_word_lm._block_lstm(x, c0, h0, kernel, bias)
-    outputs, state = block[6], util.LSTMStateTuple(block[1][-1], block[6][-1])
-  else:
-    outputs, state = ptb_word_lm.lstm_layer(
-        rnn_mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
-  # A loss that weighs every output and the final state differently.
-  loss = (tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c * dc) +
-          tf.reduce_sum(state.h * dh))
-  grads = tf.compat.v1.gradients(loss, [x, c0, h0, kernel, bias])
-  return [outputs, state.c, state.h] + grads
-
-
-class _DLPackBuffer(object):
-  """An eager tensor's own buffer, in the form np.from_dlpack takes."""
-
-  def __init__(self, tensor):
-    self._capsule = tf.experimental.dlpack.to_dlpack(tensor)
-
-  def __dlpack__(self, stream=None, **_):
-    return self._capsule
-
-  def __dlpack_device__(self):
-    return (1, 0)   # kDLCPU, device 0
-
-
-def buffer_address(tensor):
-  """The address of an eager CPU tensor's data, not of a copy."""
-  return np.from_dlpack(_DLPackBuffer(tensor)).ctypes.data
-
-
-def random_layer_inputs(num_steps=6, batch=3, input_size=4, hidden=5, seed=1):
-  rng = np.random.RandomState(seed)
-  shapes = ([num_steps, batch, input_size], [batch, hidden], [batch, hidden],
-            [input_size + hidden, 4 * hidden], [4 * hidden],
-            [num_steps, batch, hidden], [batch, hidden], [batch, hidden])
-  return [rng.uniform(-1, 1, size=s) for s in shapes]
-
-
-def reference_lstm(x, c, h, kernel, bias):
-  """The LSTM in numpy, straight from the SPEC: gates (i, j, f, o)."""
-  sigmoid = lambda v: 1 / (1 + np.exp(-v))
-  outputs = []
-  for x_t in x:
-    gates = np.concatenate([x_t, h], 1) @ kernel + bias
-    i, j, f, o = np.split(gates, 4, axis=1)
-    c = sigmoid(f + 0.0) * c + sigmoid(i) * np.tanh(j)
-    h = sigmoid(o) * np.tanh(c)
-    outputs.append(h)
-  return np.stack(outputs), c, h
-
-
-class LstmLayerTest(tf.test.TestCase):
-
-  def testModesMatchNumpyReference(self):
-    inputs = random_layer_inputs()
-    want = reference_lstm(*inputs[:5])
-    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
-      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        got = sess.run(layer_outputs(mode, inputs)[:3])
-      for g, w in zip(got, want):
-        self.assertAllClose(g, w, rtol=1e-5, atol=1e-6, msg=mode)
-
-  def testBasicAndBlockEqualBlockLstmWithItsRegisteredGradient(self):
-    inputs = random_layer_inputs()
-    results = {}
-    for mode in (REGISTERED, ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
-      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        results[mode] = sess.run(layer_outputs(mode, inputs))
-    names = ["outputs", "c", "h", "d_x", "d_c0", "d_h0", "d_kernel", "d_bias"]
-    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
-      for name, got, want in zip(names, results[mode], results[REGISTERED]):
-        self.assertAllClose(got, want, rtol=1e-5, atol=1e-6,
-                            msg="%s %s" % (mode, name))
-
-  def testGradientsAgreeWithNumericalGradient(self):
-    # Float64 numerics in the reference, float32 in the ops: the numerical
-    # gradient is taken in float32 with a step that float32 resolves.
-    inputs = random_layer_inputs(num_steps=3, batch=2, input_size=3, hidden=2)
-    for mode in (ptb_word_lm.BLOCK, ptb_word_lm.BASIC):
-      with tf.Graph().as_default(), tf.compat.v1.Session():
-        x, c0, h0, kernel, bias = (tf.constant(v, tf.float32)
-                                   for v in inputs[:5])
-        dy = tf.constant(inputs[5], tf.float32)
-        outputs, state = ptb_word_lm.lstm_layer(
-            mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
-        loss = tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c)
-        for var in (x, c0, h0, kernel, bias):
-          err = tf.compat.v1.test.compute_gradient_error(
-              var, var.shape.as_list(), loss, [], delta=1e-3)
-          self.assertLess(err, 2e-3, msg="%s %s" % (mode, var.name))
-
-  def testBackwardCopiesOnlyTheRecurrentWeightsTransposed(self):
-    """The backward pass transposes w_h once and its step matmuls use it.
-
-    A transposed copy of the whole kernel kept 2 x 69 MiB more alive in the
-    large model's step. A Transpose that feeds MatMuls directly is folded
-    back into transpose_b=True by Grappler (the folded nodes are named
-    FoldTransposeIntoMatMul), which would make the copy useless. Placeholders,
-    so that Grappler cannot fold the whole computation into constants.
-    """
-    inputs = random_layer_inputs(input_size=4, hidden=5)
-    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
-      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        feeds = [tf.compat.v1.placeholder(tf.float32, v.shape)
-                 for v in inputs]
-        x, c0, h0, kernel, bias, dy, _, _ = feeds
-        outputs, _ = ptb_word_lm.lstm_layer(
-            mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
-        grads = tf.compat.v1.gradients(outputs, [x, kernel], grad_ys=dy)
-        metadata = tf.compat.v1.RunMetadata()
-        sess.run(grads, feed_dict=dict(zip(feeds, inputs)),
-                 options=tf.compat.v1.RunOptions(
-                     trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-                 run_metadata=metadata)
-      nodes = [n for d in metadata.step_stats.dev_stats for n in d.node_stats]
-      # timeline_label: "name = OpType(inputs)".
-      transposed = [[dim.size for dim in out.tensor_description.shape.dim]
-                    for n in nodes
-                    if n.timeline_label.split(" = ")[-1].startswith(
-                        ("Transpose", "_MklTranspose"))
-                    for out in n.output]
-      self.assertEqual(transposed, [[20, 5]], msg=mode)   # [4H, H]
-      folded = [n.node_name for n in nodes
-                if "FoldTransposeIntoMatMul" in n.node_name and
-                "Tensordot" not in n.node_name]
-      self.assertEqual(folded, [], msg=mode)
-
-  def testKernelSplitIsAViewOfTheKernel(self):
-    """The input and recurrent rows of medium's kernel are not copied.
-
-    Its rows (2,600 floats, 10,400 bytes) are not a multiple of 64 bytes,
-    so a split along dim 0 copied the kernel (tf.split checks the row size),
-    although both halves start on a 64-byte boundary. Buffer addresses are
-    read through DLPack: numpy() would copy.
-    """
-    kernel = tf.reshape(tf.range(1300 * 2600, dtype=tf.float32), [1300, 2600])
-    w_x, w_h = ptb_word_lm._split_kernel(kernel, 650)
-    self.assertAllEqual(w_x, kernel[:650])
-    self.assertAllEqual(w_h, kernel[650:])
-    base = buffer_address(kernel)
-    self.assertEqual([buffer_address(w_x) - base, buffer_address(w_h) - base],
-                     [0, 650 * 2600 * 4])
-    # The check itself can fail: tf.split of the 2-D kernel copies.
-    copied = tf.split(kernel, [650, 650])[1]
-    self.assertNotEqual(buffer_address(copied) - base, 650 * 2600 * 4)
-
-
-class LstmStackTest(tf.test.TestCase):
-  """The BASIC wavefront over all layers equals the layers one by one."""
-
-  def _run(self, rnn_mode, chunk, values):
-    x, states, kernels, biases, masks, dy, d_states = values
-    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-      x = tf.constant(x)
-      states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
-                for c, h in states]
-      kernels = [tf.constant(k) for k in kernels]
-      biases = [tf.constant(b) for b in biases]
-      outputs, finals = ptb_word_lm.lstm_stack(
-          rnn_mode, x, states, kernels, biases,
-          [tf.constant(m) for m in masks], chunk=chunk)
-      loss = tf.reduce_sum(outputs * dy)
-      for (dc, dh), s in zip(d_states, finals):
-        loss += tf.reduce_sum(s.c * dc) + tf.reduce_sum(s.h * dh)
-      wrt = ([x] + [s.c for s in states] + [s.h for s in states] + kernels +
-             biases)
-      return sess.run([outputs] + [list(s) for s in finals] +
-                      tf.compat.v1.gradients(loss, wrt))
-
-  def testWavefrontEqualsLayerByLayerWithDropoutMasks(self):
-    rng = np.random.RandomState(7)
-    steps, batch, size, layers = 5, 3, 4, 3
-    u = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)
-    masks = [(rng.uniform(size=(steps, batch, size)) > 0.4).astype(np.float32)
-             / 0.6 for _ in range(layers - 1)]
-    values = (u(steps, batch, size),
-              [(u(batch, size), u(batch, size)) for _ in range(layers)],
-              [u(2 * size, 4 * size) for _ in range(layers)],
-              [u(4 * size) for _ in range(layers)], masks,
-              u(steps, batch, size),
-              [(u(batch, size), u(batch, size)) for _ in range(layers)])
-    want = self._run(ptb_word_lm.BLOCK, None, values)
-    # Chunks of 2 steps leave a last chunk of 1; None is one chunk.
-    for chunk in (2, None, 1):
-      got = self._run(ptb_word_lm.BASIC, chunk, values)
-      self.assertEqual(len(got), len(want))
-      for k, (g, w) in enumerate(zip(got, want)):
-        self.assertAllClose(g, w, rtol=1e-5, atol=1e-6,
-                            msg="chunk %s, result %d" % (chunk, k))
-
-
-class SoftmaxLossTest(tf.test.TestCase):
-
-  def _check(self, inputs, w, b, labels, d_loss):
-    """Both paths of softmax_loss against TensorFlow's; their losses."""
-    paths = [ptb_word_lm._softmax_loss_ops]
-    # The kernel's path where it can run (lstm_kernels_test compares the
-    # two paths directly too).
-    if lstm_kernels.load() is not None:
-      paths.append(ptb_word_lm._softmax_loss_fused)
-    losses = []
-    for path in paths:
-      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-        args = [tf.constant(v) for v in (inputs, w, b)]
-        ours = path(*args, tf.constant(labels))
-        theirs = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels, logits=tf.matmul(args[0], args[1]) + args[2])
-        grads = [tf.compat.v1.gradients(loss * d_loss, args)
-                 for loss in (ours, theirs)]
-        got, want, g_got, g_want = sess.run([ours, theirs] + grads)
-      self.assertAllClose(got, want, rtol=1e-6, atol=1e-5, msg=path.__name__)
-      for g, w_ in zip(g_got, g_want):
-        self.assertAllClose(g, w_, rtol=1e-5, atol=1e-6, msg=path.__name__)
-      losses.append(got)
-    return losses
-
-  def testMatchesTensorFlowLossAndGradients(self):
-    rng = np.random.RandomState(4)
-    inputs = rng.uniform(-3, 3, size=(7, 5)).astype(np.float32)
-    w = rng.uniform(-2, 2, size=(5, 11)).astype(np.float32)
-    b = rng.uniform(-1, 1, size=11).astype(np.float32)
-    labels = rng.randint(0, 11, size=7).astype(np.int32)
-    d_loss = rng.uniform(0, 2, size=7).astype(np.float32)
-    self._check(inputs, w, b, labels, d_loss)
-
-  def testTargetProbabilityBelowFloatRangeGivesTheExactLoss(self):
-    # Row 1's target logit is 200 below the others: its probability, e^-200,
-    # is 0 in float32, and -log(p) would be inf. The loss must be 200.
-    inputs = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
-    w = np.array([[0.5, 0.0, 0.0], [0.0, 0.0, -200.0]], np.float32)
-    b = np.zeros(3, np.float32)
-    labels = np.array([0, 2], np.int32)
-    for got in self._check(inputs, w, b, labels, np.ones(2, np.float32)):
-      self.assertAllClose(got[1], 200.0 + np.log(2.0), rtol=1e-6)
-      self.assertAllClose(
-          got[0], np.log(np.exp(0.5) + 2.0) - 0.5, rtol=1e-6)
-
-
-def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
-                     is_training=True, seed=0):
-  """A model on fixed random data `rows` `[batch, steps + 1]` ids."""
-  config.rnn_mode = rnn_mode
-  data = rows.reshape(-1)  # rows are contiguous streams: see reader.
-  input_ = ptb_word_lm.PTBInput(config, data, name="Input",
-                                num_towers=len(devices))
-  initializer = tf.compat.v1.random_uniform_initializer(
-      -config.init_scale, config.init_scale, seed=seed)
-  with tf.compat.v1.variable_scope("Model", initializer=initializer,
-                                   reuse=tf.compat.v1.AUTO_REUSE):
-    return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
 
 
 class ModelTest(tf.test.TestCase):
@@ -439,12 +114,6 @@ class ModelTest(tf.test.TestCase):
     self.assertAllEqual(np.asarray(init2), np.zeros_like(np.asarray(init2)))
 
 
-def unigram_perplexity(train, test):
-  """Perplexity on `test` of the word frequencies of `train` (id lists)."""
-  counts = np.bincount(train, minlength=max(max(train), max(test)) + 1)
-  return float(np.exp(-np.mean(np.log(counts[test[1:]] / len(train)))))
-
-
 def train_in_process(config, data, eval_unroll=20, seed=1):
   """Trains `config` as main does, in this process.
 
@@ -464,7 +133,7 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
                  tf.compat.v1.local_variables_initializer()])
     train = models["train"]
     for i in range(config.max_max_epoch):
-      train.assign_lr(session, ptb_word_lm.epoch_learning_rate(config, i))
+      train.assign_lr(session, training.epoch_learning_rate(config, i))
       ptb_word_lm.run_epoch(session, train, eval_op=train.train_op)
   return graph, session, models
 
@@ -472,7 +141,7 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
 def learning_config():
   """--model=test with LEARNING_OVERRIDES, in BASIC."""
   config = ptb_word_lm.get_config("test", "basic")
-  ptb_word_lm.apply_overrides(config, LEARNING_OVERRIDES)
+  config_lib.apply_overrides(config, LEARNING_OVERRIDES)
   return config
 
 
@@ -689,22 +358,6 @@ class CommandLineTest(tf.test.TestCase):
       self.assertIn("Test Perplexity", out)
 
 
-def assert_user_error(test, args, pattern, code=1):
-  """Runs the script; checks exit `code`, one error line, no traceback.
-
-  Returns:
-    (stdout, stderr) for further checks.
-  """
-  exit_code, out, err = run_script(*args)
-  test.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
-  test.assertNotIn("Traceback", err)
-  error_lines = [l for l in err.splitlines()
-                 if l.startswith("ptb_word_lm.py: error:")]
-  test.assertLen(error_lines, 1, err)
-  test.assertRegex(error_lines[0], pattern)
-  return out, err
-
-
 class LibraryPagesTest(tf.test.TestCase):
 
   def testReleasedAfterStartupAndAfterEachGraphsFirstCall(self):
@@ -725,13 +378,13 @@ class LibraryPagesTest(tf.test.TestCase):
 
     run = None
     with mock.patch.object(monitor, "release_library_pages", release):
-      run = ptb_word_lm.TrainingRun(
+      run = training.TrainingRun(
           config, eval_config, data, ["/cpu:0"],
           {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
            "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
            "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
            "cluster": None, "cluster_timeout": 60.0, "summary": {},
-           "sampler": None})
+           "sampler": None}, ptb_word_lm.build_models, ptb_word_lm.run_epoch)
       run.run()
     self.assertEqual([(c["phase"], c["epoch"], c["step"]) for c in calls],
                      [("startup", 0, 0), ("train", 1, 0), ("valid", 1, 0),
@@ -883,7 +536,7 @@ class ConfigTest(tf.test.TestCase):
 
   def testOverridesPrintAndApply(self):
     config = ptb_word_lm.get_config("large")
-    changed = ptb_word_lm.apply_overrides(
+    changed = config_lib.apply_overrides(
         config, "max_epoch=1, max_max_epoch=2,keep_prob=0.5,rnn_mode=basic")
     self.assertEqual(changed, {"max_epoch": 1, "max_max_epoch": 2,
                                "keep_prob": 0.5, "rnn_mode": "basic"})
@@ -903,9 +556,56 @@ class ConfigTest(tf.test.TestCase):
     for name, values in expected.items():
       config = ptb_word_lm.get_config(name)
       self.assertEqual(tuple(getattr(config, f) for f in fields), values)
+      # The SPEC's BLOCK is what AUTO runs on GPUs; on the CPU it runs
+      # BASIC, this port's fastest mode there.
       self.assertEqual((config.learning_rate, config.batch_size,
                         config.vocab_size, config.rnn_mode),
-                       (1.0, 20, 10000, ptb_word_lm.BLOCK))
+                       (1.0, 20, 10000, ptb_word_lm.AUTO))
+    self.assertEqual(config_lib.auto_rnn_mode(num_gpus=1), ptb_word_lm.BLOCK)
+    self.assertEqual(config_lib.auto_rnn_mode(num_gpus=0), ptb_word_lm.BASIC)
+
+  def _run_edited_copy(self, tmp, edit, *args):
+    """Runs a copy of ptb_word_lm.py with TestConfig edited by `edit`."""
+    with open(os.path.join(HERE, "ptb_word_lm.py")) as f:
+      source = f.read()
+    head, sep, tail = source.partition("class TestConfig(object):")
+    self.assertTrue(sep)
+    script = os.path.join(tmp, "edited_ptb_word_lm.py")
+    with open(script, "w") as f:
+      f.write(head + sep + tail.replace("  rnn_mode = AUTO\n",
+                                         "  rnn_mode = AUTO\n" + edit, 1))
+    save, summary = os.path.join(tmp, "save"), os.path.join(tmp, "s.json")
+    proc = subprocess.run(
+        [sys.executable, script, "--data_path=" + make_corpus(tmp),
+         "--model=test", "--num_gpus=0", "--save_path=" + save,
+         "--summary_json=" + summary] + list(args),
+        capture_output=True, text=True, timeout=600, cwd=tmp,
+        env=dict(os.environ, PYTHONPATH=HERE))
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    with open(summary) as f:
+      fields = json.load(f)
+    bias = tf.train.load_checkpoint(save).get_variable_to_shape_map()[
+        "Model/RNN/cell_0/bias"]
+    return fields, bias, proc.stderr
+
+  def testAClassEditedInPlaceIsWhatRuns(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      fields, bias, log = self._run_edited_copy(
+          tmp, "  rnn_mode = BLOCK\n  hidden_size = 3\n")
+    self.assertEqual(fields["rnn_mode"], "BLOCK")
+    self.assertEqual(fields["config"]["hidden_size"], 3)
+    self.assertEqual(bias, [12])                    # 4 gates x 3 units
+    self.assertIn("rnn_mode: BLOCK", log)
+    with tempfile.TemporaryDirectory() as tmp:
+      # The flag still overrides the class.
+      fields, _, log = self._run_edited_copy(tmp, "  rnn_mode = BLOCK\n",
+                                             "--rnn_mode=basic")
+    self.assertEqual(fields["rnn_mode"], "BASIC")
+    with tempfile.TemporaryDirectory() as tmp:
+      fields, bias, log = self._run_edited_copy(tmp, "")
+    self.assertEqual(fields["rnn_mode"], "BASIC")
+    self.assertEqual(bias, [8])
+    self.assertIn("rnn_mode: BASIC (AUTO on the CPU)", log)
 
 
 if __name__ == "__main__":

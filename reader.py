@@ -235,3 +235,33 @@ def ptb_chunk_producer(raw_data, batch_size, num_steps, steps_per_call,
   p = producer(raw_data, batch_size, num_steps, steps_per_call,
                with_weights=True, name=name)
   return p.x, p.y, p.weights
+
+
+def load_data(data_path, vocab_size, rows, num_steps):
+  """Reads the corpus and checks that it fits the config, before any work.
+
+  Args:
+    data_path: the directory of ptb.{train,valid,test}.txt.
+    vocab_size: the config's vocabulary size.
+    rows: rows per step of the (train, valid, test) passes, all towers and
+      workers together for training.
+    num_steps: steps per window of the three passes.
+
+  Returns:
+    (train_data, valid_data, test_data) id lists.
+
+  Raises:
+    DataError: a file is unusable, the vocabulary is larger than
+      `vocab_size`, or a pass would have no window.
+  """
+  train_data, valid_data, test_data, words = ptb_raw_data(data_path)
+  if words > vocab_size:
+    raise DataError(
+        "the training corpus has %d distinct words but the config's "
+        "vocab_size is %d: raise vocab_size (e.g. --config_overrides="
+        "vocab_size=%d) or use a smaller corpus" % (words, vocab_size, words))
+  for name, ids, n, steps in zip(
+      ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"),
+      (train_data, valid_data, test_data), rows, num_steps):
+    check_epoch_size(len(ids), n, steps, name)
+  return train_data, valid_data, test_data

@@ -9,8 +9,10 @@ import unittest
 import numpy as np
 import tensorflow as tf
 
+from ptb import devices as devices_lib
+from ptb import lstm
+from ptb import testing
 import ptb_word_lm
-import ptb_word_lm_test as lm_test
 import util
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
@@ -25,7 +27,7 @@ def _train_one_step(config, rows, rnn_mode, devices, weights=None):
     (cost before the step, trainable values before, trainable values after).
   """
   with tf.Graph().as_default():
-    model = lm_test.build_tiny_model(config, rows, rnn_mode, devices=devices)
+    model = testing.build_tiny_model(config, rows, rnn_mode, devices=devices)
     tvars = tf.compat.v1.trainable_variables()
     session_config = tf.compat.v1.ConfigProto(
         device_count={"CPU": len(devices)}, allow_soft_placement=False)
@@ -63,7 +65,7 @@ def _train_steps(config, data, rnn_mode, devices, weights, lr=1.0,
     tvars = tf.compat.v1.trainable_variables()
     costs = []
     with tf.compat.v1.Session(
-        config=ptb_word_lm.session_config(devices, 0, 0)) as sess:
+        config=devices_lib.session_config(devices, 0, 0)) as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       sess.run(tf.compat.v1.local_variables_initializer())
       for var, value in zip(tvars, weights):
@@ -107,11 +109,11 @@ class TowerTest(tf.test.TestCase):
     # delivers; one tower of batch 2B sees the same rows. The cost and the
     # variables after one SGD step must agree.
     for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
-      config = lm_test.TinyConfig()
+      config = testing.TinyConfig()
       rows = np.random.RandomState(7).randint(
           0, config.vocab_size,
           size=(2 * config.batch_size, config.num_steps + 1)).astype(np.int32)
-      big = lm_test.TinyConfig()
+      big = testing.TinyConfig()
       big.batch_size = 2 * config.batch_size
       cost1, weights, after1 = _train_one_step(big, rows, mode, ["/cpu:0"])
       cost2, before2, after2 = _train_one_step(
@@ -131,7 +133,7 @@ class TowerTest(tf.test.TestCase):
     # (reset every step) would train on other numbers than the single tower
     # of batch 2B, whose rows [k*B, (k+1)*B) are tower k's.
     num_steps = 5
-    config = lm_test.TinyConfig()
+    config = testing.TinyConfig()
     config.vocab_size = 20
     big = copy.copy(config)
     big.batch_size = 2 * config.batch_size
@@ -169,10 +171,10 @@ class TowerTest(tf.test.TestCase):
           np.min(np.abs(np.subtract(costs0, costs1))[1:] / costs1[1:]), 1e-4)
 
   def testTowersPlaceWorkOnTheirDevices(self):
-    config = lm_test.TinyConfig()
+    config = testing.TinyConfig()
     rows = np.zeros([2 * config.batch_size, config.num_steps + 1], np.int32)
     with tf.Graph().as_default():
-      lm_test.build_tiny_model(config, rows, ptb_word_lm.BLOCK,
+      testing.build_tiny_model(config, rows, ptb_word_lm.BLOCK,
                                devices=["/cpu:0", "/cpu:1"])
       ops = tf.compat.v1.get_default_graph().get_operations()
       lstm = [op for op in ops if op.type == "BlockLSTM"]
@@ -187,19 +189,19 @@ class TowerTest(tf.test.TestCase):
       # Learnable only with each tower's state carried: a tower that loses
       # its state, or takes another's, ends above LEARNED_TEST_PERPLEXITY.
       # Twice the lines of the corpus's default: batch 40 takes half the steps.
-      lm_test.make_structured_corpus(tmp, train_lines=3000)
+      testing.make_structured_corpus(tmp, train_lines=3000)
       base = ["--data_path=" + tmp, "--model=test", "--num_gpus=0", "--seed=1",
-              "--config_overrides=" + lm_test.LEARNING_OVERRIDES]
-      code, towers, err = lm_test.run_script(*(base + ["--cpu_towers=2"]))
+              "--config_overrides=" + testing.LEARNING_OVERRIDES]
+      code, towers, err = testing.run_script(*(base + ["--cpu_towers=2"]))
       self.assertEqual(code, 0, err)
       base[-1] += ",batch_size=40"
-      code, single, err = lm_test.run_script(*base)
+      code, single, err = testing.run_script(*base)
       self.assertEqual(code, 0, err)
 
     def figures(out, what):
       return [float(v) for v in re.findall(what + r" Perplexity: (\S+)", out)]
 
-    self.assertLess(figures(towers, "Test")[0], lm_test.LEARNED_TEST_PERPLEXITY)
+    self.assertLess(figures(towers, "Test")[0], testing.LEARNED_TEST_PERPLEXITY)
     for what in ("Train", "Test"):
       got, want = figures(towers, what), figures(single, what)
       self.assertNotEmpty(want)
@@ -268,7 +270,7 @@ class CudnnLayoutTest(tf.test.TestCase):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
       weights, biases = sess.run(util.canonical_to_cudnn(
           tf.constant(kernel), tf.constant(bias), 3))
-      outputs, state = ptb_word_lm.lstm_layer(
+      outputs, state = lstm.lstm_layer(
           ptb_word_lm.BASIC, tf.constant(x[None]),
           util.LSTMStateTuple(tf.constant(c), tf.constant(h)),
           tf.constant(kernel), tf.constant(bias))
@@ -289,12 +291,12 @@ class CudnnLayoutTest(tf.test.TestCase):
 class CudnnGpuTest(tf.test.TestCase):
 
   def testCudnnEqualsBasicValuesAndGradients(self):
-    inputs = lm_test.random_layer_inputs(num_steps=5, batch=3, input_size=4,
+    inputs = testing.random_layer_inputs(num_steps=5, batch=3, input_size=4,
                                          hidden=6)
     results = {}
     for mode in (ptb_word_lm.BASIC, ptb_word_lm.CUDNN):
       with tf.Graph().as_default(), tf.device("/gpu:0"):
-        fetches = lm_test.layer_outputs(mode, inputs)
+        fetches = testing.layer_outputs(mode, inputs)
         with tf.compat.v1.Session() as sess:
           results[mode] = sess.run(fetches)
     for basic, cudnn in zip(results[ptb_word_lm.BASIC],
@@ -302,13 +304,13 @@ class CudnnGpuTest(tf.test.TestCase):
       self.assertAllClose(basic, cudnn, rtol=1e-4, atol=1e-5)
 
   def testCudnnModelCostAndGradientsEqualBasic(self):
-    config = lm_test.TinyConfig()
+    config = testing.TinyConfig()
     rows = np.random.RandomState(3).randint(
         0, config.vocab_size, size=(config.batch_size, config.num_steps + 1))
     results = {}
     for mode in (ptb_word_lm.BASIC, ptb_word_lm.CUDNN):
       with tf.Graph().as_default():
-        model = lm_test.build_tiny_model(config, rows, mode,
+        model = testing.build_tiny_model(config, rows, mode,
                                          devices=["/gpu:0"])
         tvars = tf.compat.v1.trainable_variables()
         grads = [tf.convert_to_tensor(g)

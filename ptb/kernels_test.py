@@ -5,7 +5,7 @@ failed build are tested on any CPU with a C++ compiler: the library is
 compiled without -mavx512f, so it builds and loads everywhere. Only the tests
 that run AVX-512 code (PanelMatMul, SoftmaxCrossEntropy, the model with the
 kernels) skip on a CPU without AVX-512. PTB_TEST_NO_AVX512=1 runs this module
-as on such a CPU (`lstm_kernels.cpu_has_avx512` returns False), to check
+as on such a CPU (`kernels.cpu_has_avx512` returns False), to check
 from a machine with AVX-512 what runs and what skips there.
 """
 
@@ -19,8 +19,11 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
-import lstm_kernels
-import ptb_word_lm
+from ptb import kernels
+from ptb import lstm
+from ptb import lstm_backward
+from ptb import softmax
+from ptb.config import BASIC, BLOCK
 import util
 
 _NO_AVX512 = "the CPU has no AVX-512, which running these ops needs"
@@ -28,7 +31,7 @@ _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy")
 # The function itself, for testCpuFlagsAreRead: PTB_TEST_NO_AVX512 replaces
 # the module's attribute.
-_cpu_has_avx512 = lstm_kernels.cpu_has_avx512
+_cpu_has_avx512 = kernels.cpu_has_avx512
 _module = {}
 
 
@@ -37,10 +40,10 @@ def setUpModule():
   _module["dir"] = tempfile.mkdtemp(prefix="ptb_kernels_")
   os.environ["PTB_KERNEL_DIR"] = _module["dir"]
   if os.environ.get("PTB_TEST_NO_AVX512") == "1":
-    _module["cpu"] = mock.patch.object(lstm_kernels, "cpu_has_avx512",
+    _module["cpu"] = mock.patch.object(kernels, "cpu_has_avx512",
                                        return_value=False)
     _module["cpu"].start()
-  lstm_kernels.reset()
+  kernels.reset()
 
 
 def tearDownModule():
@@ -49,27 +52,27 @@ def tearDownModule():
   os.environ.pop("PTB_KERNEL_DIR", None)
   # A library loaded from here stays loaded; Linux keeps its pages.
   shutil.rmtree(_module.pop("dir"), ignore_errors=True)
-  lstm_kernels.reset()
+  kernels.reset()
 
 
 def skip_without_compiler(test):
-  if not lstm_kernels.compiler_found():
+  if not kernels.compiler_found():
     test.skipTest(_NO_COMPILER)
 
 
 def library_or_skip(test):
   """The op library, built and loaded whatever the CPU; skips without g++."""
   skip_without_compiler(test)
-  return lstm_kernels.load_library()
+  return kernels.load_library()
 
 
 def kernels_or_skip(test):
   """The op library where its ops can run; skips without AVX-512 or g++."""
-  if not lstm_kernels.cpu_has_avx512():
+  if not kernels.cpu_has_avx512():
     test.skipTest(_NO_AVX512)
   skip_without_compiler(test)
-  library = lstm_kernels.load()
-  test.assertIsNotNone(library, lstm_kernels.unavailable_reason())
+  library = kernels.load()
+  test.assertIsNotNone(library, kernels.unavailable_reason())
   return library
 
 
@@ -197,8 +200,8 @@ class SoftmaxLossPathsTest(tf.test.TestCase):
     labels = rng.randint(0, 37, 13).astype(np.int32)
     d_loss = rng.uniform(0, 2, 13).astype(np.float32)
     results = []
-    for fn in (ptb_word_lm._softmax_loss_ops,
-               ptb_word_lm._softmax_loss_fused):
+    for fn in (softmax.softmax_loss_ops,
+               softmax.softmax_loss_fused):
       with tf.Graph().as_default() as graph, \
           tf.compat.v1.Session() as sess:
         args = [tf.constant(v) for v in values]
@@ -206,12 +209,12 @@ class SoftmaxLossPathsTest(tf.test.TestCase):
         grads = tf.compat.v1.gradients(loss * d_loss, args)
         results.append(sess.run([loss] + grads))
         fused = _count_ops(graph, "SoftmaxCrossEntropy")
-        self.assertEqual(fused, int(fn is ptb_word_lm._softmax_loss_fused))
+        self.assertEqual(fused, int(fn is softmax.softmax_loss_fused))
     for k, (got, want) in enumerate(zip(results[1], results[0])):
       self.assertAllClose(got, want, rtol=1e-5, atol=1e-6, msg=str(k))
 
   def testTensorFlowOpsWhereTheKernelCannotRun(self):
-    with mock.patch.object(lstm_kernels, "load") as load:
+    with mock.patch.object(kernels, "load") as load:
       for name, dtype, device, library, wanted in (
           ("float32 CPU", tf.float32, "", object(), True),
           ("no kernels", tf.float32, "", None, False),
@@ -219,8 +222,8 @@ class SoftmaxLossPathsTest(tf.test.TestCase):
           ("GPU tower", tf.float32, "/gpu:0", object(), False)):
         load.return_value = library
         with tf.Graph().as_default(), tf.device(device), mock.patch.object(
-            ptb_word_lm, "_softmax_loss_fused") as fused:
-          ptb_word_lm.softmax_loss(
+            softmax, "softmax_loss_fused") as fused:
+          softmax.softmax_loss(
               tf.zeros([4, 3], dtype), tf.zeros([3, 5], dtype),
               tf.zeros([5], dtype), tf.zeros([4], tf.int32))
         self.assertEqual(fused.called, wanted, msg=name)
@@ -236,14 +239,14 @@ class ModelProductsTest(tf.test.TestCase):
   def _stack(self, rnn_mode, chunk, values, min_hidden):
     """Outputs, final states and gradients of a 2-layer stack; op count."""
     x, states, kernels, biases, dy = values
-    with mock.patch.object(ptb_word_lm, "_KERNEL_MIN_HIDDEN", min_hidden), \
+    with mock.patch.object(lstm_backward, "KERNEL_MIN_HIDDEN", min_hidden), \
         tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
       x = tf.constant(x)
       states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
                 for c, h in states]
       kernels = [tf.constant(k) for k in kernels]
       biases = [tf.constant(b) for b in biases]
-      outputs, finals = ptb_word_lm.lstm_stack(rnn_mode, x, states, kernels,
+      outputs, finals = lstm.lstm_stack(rnn_mode, x, states, kernels,
                                                biases, chunk=chunk)
       loss = tf.reduce_sum(outputs * dy) + sum(
           tf.reduce_sum(s.c) + 2 * tf.reduce_sum(s.h) for s in finals)
@@ -263,22 +266,22 @@ class ModelProductsTest(tf.test.TestCase):
               [(u(batch, size), u(batch, size)) for _ in range(2)],
               [u(2 * size, 4 * size) * 0.3 for _ in range(2)],
               [u(4 * size) for _ in range(2)], u(steps, batch, size))
-    want, count = self._stack(ptb_word_lm.BLOCK, None, values, 10**9)
+    want, count = self._stack(BLOCK, None, values, 10**9)
     self.assertEqual(count, 0)
-    for mode, chunk in ((ptb_word_lm.BASIC, 2), (ptb_word_lm.BASIC, None),
-                        (ptb_word_lm.BLOCK, None)):
+    for mode, chunk in ((BASIC, 2), (BASIC, None),
+                        (BLOCK, None)):
       got, count = self._stack(mode, chunk, values, 0)
       # BASIC: one product per step and layer forward and backward; BLOCK
       # runs its own forward.
       per_pass = 2 * steps
-      self.assertEqual(count, 2 * per_pass if mode == ptb_word_lm.BASIC
+      self.assertEqual(count, 2 * per_pass if mode == BASIC
                        else per_pass, msg=mode)
       for k, (g, w) in enumerate(zip(got, want)):
         self.assertAllClose(g, w, rtol=1e-5, atol=1e-5,
                             msg="%s chunk %s result %d" % (mode, chunk, k))
 
   def testTensorFlowProductsWhereKernelsDoNotPay(self):
-    with mock.patch.object(lstm_kernels, "load") as load:
+    with mock.patch.object(kernels, "load") as load:
       load.return_value = object()
       cases = (("float32 large", tf.float32, [20, 650], "", 650, True),
                ("small hidden", tf.float32, [20, 200], "", 200, False),
@@ -288,7 +291,7 @@ class ModelProductsTest(tf.test.TestCase):
       for name, dtype, shape, device, hidden, wanted in cases:
         with tf.Graph().as_default(), tf.device(device):
           like = tf.compat.v1.placeholder(dtype, shape)
-          used = ptb_word_lm._recurrent_kernels(like, hidden) is not None
+          used = lstm_backward.recurrent_kernels(like, hidden) is not None
         self.assertEqual(used, wanted, msg=name)
 
 
@@ -296,8 +299,8 @@ class LoadTest(tf.test.TestCase):
 
   def setUp(self):
     super().setUp()
-    lstm_kernels.reset()
-    self.addCleanup(lstm_kernels.reset)
+    kernels.reset()
+    self.addCleanup(kernels.reset)
 
   def testCpuFlagsAreRead(self):
     with tempfile.TemporaryDirectory() as tmp:
@@ -311,19 +314,19 @@ class LoadTest(tf.test.TestCase):
 
   def testDisabledByEnvironment(self):
     with mock.patch.dict(os.environ, {"PTB_LSTM_KERNELS": "0"}):
-      self.assertIsNone(lstm_kernels.load())
-    self.assertEqual(lstm_kernels.unavailable_reason(),
+      self.assertIsNone(kernels.load())
+    self.assertEqual(kernels.unavailable_reason(),
                      "disabled by PTB_LSTM_KERNELS=0")
 
   def _assert_model_uses_tensorflow_ops(self):
     """The model, kernels wanted at any size, builds TensorFlow's ops only."""
-    with mock.patch.object(ptb_word_lm, "_KERNEL_MIN_HIDDEN", 0), \
+    with mock.patch.object(lstm_backward, "KERNEL_MIN_HIDDEN", 0), \
         tf.Graph().as_default() as graph:
-      ptb_word_lm.lstm_layer(
-          ptb_word_lm.BASIC, tf.zeros([3, 10, 4]),
+      lstm.lstm_layer(
+          BASIC, tf.zeros([3, 10, 4]),
           util.LSTMStateTuple(tf.zeros([10, 4]), tf.zeros([10, 4])),
           tf.zeros([8, 16]), tf.zeros([16]))
-      ptb_word_lm.softmax_loss(tf.zeros([4, 3]), tf.zeros([3, 5]),
+      softmax.softmax_loss(tf.zeros([4, 3]), tf.zeros([3, 5]),
                                tf.zeros([5]), tf.zeros([4], tf.int32))
       self.assertEqual(_count_ops(graph, "PanelMatMul"), 0)
       self.assertEqual(_count_ops(graph, "SoftmaxCrossEntropy"), 0)
@@ -348,18 +351,18 @@ class LoadTest(tf.test.TestCase):
       # the ops, and the failed build leaves nothing to run.
       with mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": cache,
                                         "CXX": compiler}), \
-          mock.patch.object(lstm_kernels, "cpu_has_avx512",
+          mock.patch.object(kernels, "cpu_has_avx512",
                             return_value=True):
         with self.assertRaises(RuntimeError) as raised:
-          lstm_kernels.build()
+          kernels.build()
         message = str(raised.exception)
         self.assertIn("failing-c++ exited with status 3", message)
         self.assertIn("fake compiler line 7", message)    # its last lines
         self.assertNotIn("fake compiler line 1", message)
         self.assertEqual(os.listdir(cache), [])   # no partial library left
         with self.assertLogs(level="WARNING") as logs:
-          self.assertIsNone(lstm_kernels.load())
-        self.assertEqual(lstm_kernels.unavailable_reason(), message)
+          self.assertIsNone(kernels.load())
+        self.assertEqual(kernels.unavailable_reason(), message)
         self.assertIn("tf.matmul", "\n".join(logs.output))
         self.assertEqual(os.listdir(cache), [])
         self._assert_model_uses_tensorflow_ops()
@@ -374,15 +377,15 @@ class LoadTest(tf.test.TestCase):
       with mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": cache}):
         with self.assertRaisesRegex(
             RuntimeError, "exited with status [1-9].*deliberately broken"):
-          lstm_kernels.build(source)
+          kernels.build(source)
       self.assertEqual(os.listdir(cache), [])   # no partial library left
 
   def testBuildsAndRegistersTheOpsOnAnyCpu(self):
     skip_without_compiler(self)
-    with mock.patch.object(lstm_kernels, "cpu_has_avx512",
+    with mock.patch.object(kernels, "cpu_has_avx512",
                            return_value=False):
-      path = lstm_kernels.build()
-      library = lstm_kernels.load_library()
+      path = kernels.build()
+      library = kernels.load_library()
     self.assertEqual(os.path.dirname(path), _module["dir"])
     self.assertEqual(os.listdir(_module["dir"]), [os.path.basename(path)])
     for op in _OPS:
@@ -397,34 +400,34 @@ class LoadTest(tf.test.TestCase):
       source = os.path.join(tmp, "tiny.cc")
       with open(source, "w") as f:
         f.write("int lstm_kernels_test_tiny() { return 1; }\n")
-      path = lstm_kernels.build(source)
+      path = kernels.build(source)
       self.assertEqual(run.call_count, 1)
-      self.assertEqual(lstm_kernels.build(source), path)
+      self.assertEqual(kernels.build(source), path)
       self.assertEqual(run.call_count, 1)
       self.assertEqual(sorted(os.listdir(tmp)),
                        sorted(["tiny.cc", os.path.basename(path)]))
     # The kernels, once built, are loaded without running the compiler.
-    lstm_kernels.build()
+    kernels.build()
     with mock.patch.object(subprocess, "run",
                            side_effect=AssertionError("compiler run")), \
-        mock.patch.object(lstm_kernels, "cpu_has_avx512",
+        mock.patch.object(kernels, "cpu_has_avx512",
                           return_value=False):
-      library = lstm_kernels.load_library()
+      library = kernels.load_library()
     for op in _OPS:
       self.assertTrue(hasattr(library, op), msg=op)
 
   def testCpuWithoutAvx512GetsNoKernelsThoughTheyBuild(self):
     skip_without_compiler(self)
-    with mock.patch.object(lstm_kernels, "cpu_has_avx512",
+    with mock.patch.object(kernels, "cpu_has_avx512",
                            return_value=False):
-      self.assertTrue(hasattr(lstm_kernels.load_library(), "panel_mat_mul"))
+      self.assertTrue(hasattr(kernels.load_library(), "panel_mat_mul"))
       with tempfile.TemporaryDirectory() as tmp, \
           mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": tmp}):
         with self.assertLogs(level="WARNING") as logs:
-          self.assertIsNone(lstm_kernels.load())
-          self.assertIsNone(lstm_kernels.load())
+          self.assertIsNone(kernels.load())
+          self.assertIsNone(kernels.load())
         self.assertEqual(os.listdir(tmp), [])   # nothing built for nothing
-      self.assertEqual(lstm_kernels.unavailable_reason(),
+      self.assertEqual(kernels.unavailable_reason(),
                        "the CPU has no AVX-512")
       warnings = [line for line in logs.output
                   if "the CPU has no AVX-512" in line]

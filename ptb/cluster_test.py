@@ -14,35 +14,35 @@ import time
 
 import tensorflow as tf
 
-import cluster
-import ptb_word_lm_test as lm_test
+from ptb import cluster as cluster_lib
+from ptb import testing
 
-LAUNCHER = os.path.join(lm_test.HERE, "run_local_cluster.py")
+LAUNCHER = os.path.join(testing.HERE, "run_local_cluster.py")
 
 
 def launch(args, **kwargs):
   return subprocess.Popen(
       [sys.executable, LAUNCHER] + args, stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT, text=True, cwd=lm_test.HERE,
+      stderr=subprocess.STDOUT, text=True, cwd=testing.HERE,
       env=dict(os.environ, PYTHONUNBUFFERED="1"), **kwargs)
 
 
 class FromFlagsTest(tf.test.TestCase):
 
   def testNoClusterIsNone(self):
-    self.assertIsNone(cluster.from_flags(None, 0, None, None, None))
+    self.assertIsNone(cluster_lib.from_flags(None, 0, None, None, None))
 
   def testFlags(self):
-    c = cluster.from_flags("worker", 1, "a:1", "b:2,c:3")
-    self.assertEqual(c, cluster.Cluster("worker", 1, ["a:1"], ["b:2", "c:3"]))
-    self.assertFalse(cluster.is_chief(c))
-    self.assertTrue(cluster.is_chief(c._replace(task_index=0)))
+    c = cluster_lib.from_flags("worker", 1, "a:1", "b:2,c:3")
+    self.assertEqual(c, cluster_lib.Cluster("worker", 1, ["a:1"], ["b:2", "c:3"]))
+    self.assertFalse(cluster_lib.is_chief(c))
+    self.assertTrue(cluster_lib.is_chief(c._replace(task_index=0)))
 
   def testTfConfig(self):
     tf_config = json.dumps({"cluster": {"ps": ["p:1"], "worker": ["w:1", "w:2"]},
                             "task": {"type": "worker", "index": 1}})
-    self.assertEqual(cluster.from_flags(None, 0, None, None, tf_config),
-                     cluster.Cluster("worker", 1, ["p:1"], ["w:1", "w:2"]))
+    self.assertEqual(cluster_lib.from_flags(None, 0, None, None, tf_config),
+                     cluster_lib.Cluster("worker", 1, ["p:1"], ["w:1", "w:2"]))
 
   def testBadDescriptions(self):
     for args, pattern in (
@@ -50,8 +50,8 @@ class FromFlagsTest(tf.test.TestCase):
         (("worker", 2, "a:1", "b:1,c:1"), "task_index=2 but there are 2"),
         (("worker", 0, None, "b:1"), "needs --ps_hosts and --worker_hosts"),
         ((None, 0, None, None, "{not json"), "TF_CONFIG is not a valid")):
-      with self.assertRaisesRegex(cluster.ClusterError, pattern):
-        cluster.from_flags(*args)
+      with self.assertRaisesRegex(cluster_lib.ClusterError, pattern):
+        cluster_lib.from_flags(*args)
 
 
 class LocalClusterTest(tf.test.TestCase):
@@ -63,15 +63,15 @@ class LocalClusterTest(tf.test.TestCase):
       # LEARNED_TEST_PERPLEXITY; twice the default lines, for batch 40. (On
       # it, averaging the embedding's sparse gradients row by row made the
       # cluster end 15 % off the single process.)
-      lm_test.make_structured_corpus(tmp, train_lines=3000)
+      testing.make_structured_corpus(tmp, train_lines=3000)
       common = ["--data_path=" + tmp, "--model=test", "--num_gpus=0",
                 "--seed=5"]
-      overrides = "--config_overrides=" + lm_test.LEARNING_OVERRIDES
+      overrides = "--config_overrides=" + testing.LEARNING_OVERRIDES
       proc = launch(["--num_ps=1", "--num_workers=2", "--"] + common +
                     [overrides, "--cluster_timeout=120"])
       out, _ = proc.communicate(timeout=600)
       self.assertEqual(proc.returncode, 0, out)
-      code, single, err = lm_test.run_script(
+      code, single, err = testing.run_script(
           *(common + [overrides + ",batch_size=40"]))
       self.assertEqual(code, 0, err)
     self.assertIn("[ps0] ps task 0: all 2 workers are done", out)
@@ -83,7 +83,7 @@ class LocalClusterTest(tf.test.TestCase):
     self.assertNotRegex(out, r"\[worker1\] (Test|Epoch: 1 Valid)")
     got = float(re.search(r"\[worker0\] Test Perplexity: (\S+)", out).group(1))
     want = float(re.search(r"Test Perplexity: (\S+)", single).group(1))
-    self.assertLess(got, lm_test.LEARNED_TEST_PERPLEXITY)
+    self.assertLess(got, testing.LEARNED_TEST_PERPLEXITY)
     self.assertAllClose(got, want, rtol=0.01)
 
   def testLosingAWorkerStopsTheOthersWithinTheTimeout(self):
@@ -91,7 +91,7 @@ class LocalClusterTest(tf.test.TestCase):
     # machine; the whole test is still bounded by it.
     timeout = 30
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp, train_lines=8000)
+      testing.make_corpus(tmp, train_lines=8000)
       proc = launch(["--num_ps=1", "--num_workers=2", "--grace=60", "--",
                      "--data_path=" + tmp, "--model=test", "--num_gpus=0",
                      "--cluster_timeout=%d" % timeout])

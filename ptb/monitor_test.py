@@ -12,7 +12,7 @@ import threading
 import unittest
 from unittest import mock
 
-import monitor
+from ptb import monitor
 
 
 def _read_csv(path):
@@ -50,7 +50,7 @@ class RssTest(unittest.TestCase):
       self.assertEqual(monitor.peak_rss_mib(), 300.0)
 
   def testModuleLoadsNoHeavyLibraries(self):
-    self.assertIn("monitor", sys.modules)
+    self.assertIn("ptb.monitor", sys.modules)
     with open(monitor.__file__) as f:
       source = f.read()
     self.assertNotIn("import tensorflow", source)
@@ -122,7 +122,7 @@ Private_Dirty:         0 kB
 Rss:                  16 kB
 Anonymous:             0 kB
 Private_Dirty:         0 kB
-7f0000300000-7f0000400000 rw-p 00000000 00:00 0 [heap]
+7f0000300000-7f0000400000 rw-p 00000000 0:0 0 [heap]
 Rss:                1024 kB
 Anonymous:          1024 kB
 7f0000400000-7f0000410000 r-xp 00000000 fd:01 18 /opt/lib/libm.so.6

@@ -2,25 +2,20 @@
 
 Every step of an LSTM layer multiplies a `[batch, K]` state by a `[K, N]`
 weight matrix (h @ w_h forward, d_gates @ w_h^T backward) with batch = 20.
-TensorFlow's oneDNN runs these products at 90-130 GFLOP/s on 2 cores: its
-general GEMM re-packs the weights at every call and its register tile is
-made for more rows. `lstm_kernels.cc` packs the weights once per training
-step into panels of 32 columns (PackPanels) and streams them through a
-10-row x 32-column register tile with software prefetch (PanelMatMul): 1.3x
-faster per product on medium and large, training steps 12-18 % shorter;
-prefetching also the next panel made the products 1.2-1.4x faster again
-and the steps 4-5 % shorter (README, "Performance").
+oneDNN's general GEMM re-packs the weights at every call and its register
+tile is made for more rows. `kernels.cc` packs the weights once per
+training step into panels of 32 columns (PackPanels) and streams them
+through a 10-row x 32-column register tile, prefetching the next panel
+while it works on the current one (PanelMatMul).
 
-The softmax layer's logits [N, 10000] come from one large matmul, which
-oneDNN does well; what follows it were passes over them each reading and
-writing 16-28 MB: oneDNN's bias addition, its softmax, then p - onehot.
+The softmax layer's logits `[N, 10000]` come from one large matmul, which
+oneDNN does well; what follows it were passes over them, each reading and
+writing all of them: the bias, the softmax, then p - onehot.
 SoftmaxCrossEntropy does all of it a row at a time, in place, while the row
-(40 KB) is in the L1 cache, with the loss: on small's [400, 10000] 2.7 ms
-instead of 4.2 for bias and softmax alone; small's training steps 2-4 %
-shorter, medium's the same within the noise.
+is in the L1 cache, with the loss.
 
-TensorFlow has no such kernels, so they are compiled here, once per machine and
-TensorFlow version, with the C++ compiler ($CXX, else g++) against the
+TensorFlow has no such kernels, so they are compiled here, once per machine
+and TensorFlow version, with the C++ compiler ($CXX, else g++) against the
 headers that the tensorflow wheel ships, and cached in $PTB_KERNEL_DIR
 (default ~/.cache/ptb_word_lm). Without a compiler, without AVX-512, or
 with PTB_LSTM_KERNELS=0 the model uses tf.matmul for these products and
@@ -49,8 +44,8 @@ from absl import logging
 import tensorflow as tf
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       "lstm_kernels.cc")
-# Seconds a build may take (about 15 s on a 2-core machine).
+                       "kernels.cc")
+# Seconds a build may take (a build takes about 15 s on 2 cores).
 _BUILD_TIMEOUT = 600
 
 _state = {"loaded": False, "library": None, "reason": None}
@@ -214,3 +209,15 @@ def reset():
   again, and reuses the loaded copy if the file has the same name.
   """
   _state.update(loaded=False, library=None, reason=None)
+
+
+def cpu_kernels(like):
+  """The op library for work like `like`, or None where the kernels cannot run.
+
+  Args:
+    like: a tensor of the work, built on its tower's device. The kernels
+      take float32 on the CPU only.
+  """
+  if like.dtype != tf.float32 or "GPU" in like.device.upper():
+    return None
+  return load()

@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-import ptb_word_lm_test as lm_test
+from ptb import testing
 
 INTERVAL = 0.1
 
@@ -23,10 +23,10 @@ class InstrumentationTest(tf.test.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       data = os.path.join(tmp, "data")
       os.mkdir(data)
-      lm_test.make_corpus(data, train_lines=3000)
+      testing.make_corpus(data, train_lines=3000)
       csv_path = os.path.join(tmp, "memory.csv")
       json_path = os.path.join(tmp, "summary.json")
-      code, out, err = lm_test.run_script(
+      code, out, err = testing.run_script(
           "--data_path=" + data, "--model=test", "--num_gpus=0",
           "--config_overrides=max_max_epoch=2",
           "--memory_log=" + csv_path, "--memory_interval=%s" % INTERVAL,
@@ -105,7 +105,7 @@ class InstrumentationTest(tf.test.TestCase):
 
       png = os.path.join(tmp, "run.png")
       proc = subprocess.run(
-          [sys.executable, os.path.join(lm_test.HERE, "plot_run.py"),
+          [sys.executable, os.path.join(testing.HERE, "plot_run.py"),
            "--summary_json=" + json_path, "--memory_csv=" + csv_path,
            "--output=" + png], capture_output=True, text=True, timeout=300)
       self.assertEqual(proc.returncode, 0, proc.stderr)

@@ -13,7 +13,7 @@ import time
 
 import tensorflow as tf
 
-import ptb_word_lm_test as lm_test
+from ptb import testing
 
 SEED = "--seed=3"
 
@@ -48,19 +48,19 @@ class RobustnessTest(tf.test.TestCase):
     # hundred steps.
     cls.data = os.path.join(cls._tmp.name, "data")
     os.mkdir(cls.data)
-    lm_test.make_structured_corpus(cls.data, train_lines=3000)
+    testing.make_structured_corpus(cls.data, train_lines=3000)
     cls.base = cls.args()
-    code, out, err = lm_test.run_script(*cls.base)
+    code, out, err = testing.run_script(*cls.base)
     assert code == 0, err
     cls.reference = perplexity_lines(out)
-    assert final_test_perplexity(out) < lm_test.LEARNED_TEST_PERPLEXITY, out
+    assert final_test_perplexity(out) < testing.LEARNED_TEST_PERPLEXITY, out
 
   @classmethod
   def args(cls, overrides=""):
     """The command line of the runs, with `overrides` after the learning ones."""
     return ["--data_path=" + cls.data, "--model=test", "--num_gpus=0", SEED,
             "--config_overrides=" + ",".join(
-                filter(None, [lm_test.LEARNING_OVERRIDES, overrides]))]
+                filter(None, [testing.LEARNING_OVERRIDES, overrides]))]
 
   @classmethod
   def tearDownClass(cls):
@@ -70,10 +70,10 @@ class RobustnessTest(tf.test.TestCase):
   def _interrupt(self, save, sig, extra=(), progress_lines=2):
     """Starts a run, sends `sig` after its `progress_lines`-th progress line."""
     proc = subprocess.Popen(
-        [sys.executable, lm_test.SCRIPT] + self.base +
+        [sys.executable, testing.SCRIPT] + self.base +
         ["--save_path=" + save] + list(extra),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=lm_test.HERE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        cwd=testing.HERE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     seen = 0
     for line in proc.stdout:
       if "wps" in line:
@@ -99,7 +99,7 @@ class RobustnessTest(tf.test.TestCase):
       self.assertRegex(err, r"interrupted by %s in the train pass of epoch 1 "
                        r"at step \d+ \(checkpoint saved to .*model\.ckpt-\d+\)"
                        % signal.Signals(sig).name)
-      exit_code, out, err = lm_test.run_script(*(self.base +
+      exit_code, out, err = testing.run_script(*(self.base +
                                                  ["--save_path=" + save]))
       self.assertEqual(exit_code, 0, err)
       match = re.search(r"^Resuming from epoch 1 step (\d+) of %s$"
@@ -121,7 +121,7 @@ class RobustnessTest(tf.test.TestCase):
       self._interrupt(save, signal.SIGKILL, ["--save_every_steps=100"],
                       progress_lines=3)
       self.assertIsNotNone(tf.train.latest_checkpoint(save))
-      code, out, err = lm_test.run_script(*(self.base +
+      code, out, err = testing.run_script(*(self.base +
                                             ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
       match = re.search(r"^Resuming from epoch 1 step (\d+) of ", out, re.M)
@@ -133,9 +133,9 @@ class RobustnessTest(tf.test.TestCase):
   def testResumeAfterAFinishedEpochKeepsTheSchedule(self):
     with tempfile.TemporaryDirectory() as save:
       args = self.base + ["--save_path=" + save]
-      code, _, err = lm_test.run_script(*args)
+      code, _, err = testing.run_script(*args)
       self.assertEqual(code, 0, err)
-      code, out, err = lm_test.run_script(
+      code, out, err = testing.run_script(
           *(self.args("max_max_epoch=4") + ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
       self.assertIn("Resuming from epoch 4 step 0 of %s" % save, out)
@@ -145,10 +145,10 @@ class RobustnessTest(tf.test.TestCase):
 
   def testCheckpointOfAnotherConfigurationIsRefused(self):
     with tempfile.TemporaryDirectory() as save:
-      code, _, err = lm_test.run_script(*(self.base + ["--save_path=" + save]))
+      code, _, err = testing.run_script(*(self.base + ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
       before = snapshot(save)
-      code, _, err = lm_test.run_script(
+      code, _, err = testing.run_script(
           *(self.args("hidden_size=3") + ["--save_path=" + save]))
       self.assertEqual(code, 1)
       self.assertNotIn("Traceback", err)
@@ -159,10 +159,10 @@ class RobustnessTest(tf.test.TestCase):
 
   def testDivergenceStopsAndKeepsTheLastGoodCheckpoint(self):
     with tempfile.TemporaryDirectory() as save:
-      code, _, err = lm_test.run_script(*(self.base + ["--save_path=" + save]))
+      code, _, err = testing.run_script(*(self.base + ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
       before = snapshot(save)
-      code, out, err = lm_test.run_script(
+      code, out, err = testing.run_script(
           *(self.args("max_max_epoch=4,learning_rate=1e38") +
             ["--save_path=" + save]))
       self.assertEqual(code, 1, out)
@@ -180,21 +180,21 @@ class BadInputTest(tf.test.TestCase):
   """Each bad input: one line, exit 1 (2 for usage), nothing written."""
 
   def assertRefused(self, args, pattern, code=1, save=None):
-    out, _ = lm_test.assert_user_error(self, args, pattern, code)
+    out, _ = testing.assert_user_error(self, args, pattern, code)
     self.assertNotIn("Epoch", out)
     if save:
       self.assertFalse(os.path.exists(save), "%s was written" % save)
 
   def testDataPathIsAFile(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       self.assertRefused(
           ["--data_path=" + os.path.join(tmp, "ptb.train.txt"),
            "--num_gpus=0"], "ptb.train.txt is a file: give the directory")
 
   def testUnreadableFile(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       os.remove(os.path.join(tmp, "ptb.valid.txt"))
       os.mkdir(os.path.join(tmp, "ptb.valid.txt"))
       self.assertRefused(["--data_path=" + tmp, "--num_gpus=0"],
@@ -202,7 +202,7 @@ class BadInputTest(tf.test.TestCase):
 
   def testSavePathNotWritable(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       blocker = os.path.join(tmp, "blocker")
       open(blocker, "w").close()
       self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
@@ -212,7 +212,7 @@ class BadInputTest(tf.test.TestCase):
 
   def testNonPositiveAndAbsurdConfigValues(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp)
+      testing.make_corpus(tmp)
       save = os.path.join(tmp, "save")
       common = ["--data_path=" + tmp, "--num_gpus=0", "--model=test",
                 "--save_path=" + save]
@@ -229,7 +229,7 @@ class BadInputTest(tf.test.TestCase):
 
   def testCorpusTooShortWritesNothing(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp, train_lines=2)
+      testing.make_corpus(tmp, train_lines=2)
       save = os.path.join(tmp, "save")
       self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
                           "--save_path=" + save],
@@ -238,7 +238,7 @@ class BadInputTest(tf.test.TestCase):
 
   def testVocabularyTooLargeWritesNothing(self):
     with tempfile.TemporaryDirectory() as tmp:
-      lm_test.make_corpus(tmp, num_words=30)
+      testing.make_corpus(tmp, num_words=30)
       save = os.path.join(tmp, "save")
       self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
                           "--model=test", "--save_path=" + save,

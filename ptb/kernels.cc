@@ -1,6 +1,6 @@
 // AVX-512 kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
 // with M (the batch) small, and the softmax layer's cross-entropy over the
-// logits (SoftmaxCrossEntropy, at the end). lstm_kernels.py says why and
+// logits (SoftmaxCrossEntropy, at the end). kernels.py says why and
 // builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
@@ -27,7 +27,7 @@ constexpr int64_t kPanel = 32;     // columns per panel: two 16-float registers
 constexpr int kRows = 10;          // rows per tile: 20 accumulators
 constexpr int64_t kPrefetch = 32;  // panel rows (of 128 bytes) ahead
 
-// c[0:R, 0:32] = a[0:R, :] @ panel + x[0:R, 0:32] for one panel [K, 32],
+// c[:R, :32] = a[:R, :] @ panel + x[:R, :32] for one panel [K, 32],
 // the columns beyond the matrix masked off by m0 (first 16) and m1. At each
 // k it also prefetches kLines cache lines from `next` on (see PanelTiles).
 template <int R, int kLines>

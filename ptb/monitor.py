@@ -84,11 +84,9 @@ def reduce_memory_footprint():
   - glibc malloc keeps up to 8 arenas per core, one per thread that
     allocates at the same time as another, and each keeps its own freed
     memory. TensorFlow's threads allocate the many small tensors of an LSTM
-    step (up to 256 KiB; larger ones come from its own pool) in several
-    arenas at once, and the peak RSS of the large model varied by up to
-    180 MiB between identical runs. Two arenas took 40 to 160 MiB off it in
-    10 interleaved pairs, with the speed unchanged within the noise (7
-    pairs, small and large).
+    step (larger ones come from its own pool) in several arenas at once, so
+    the peak RSS varied from run to run by up to 180 MiB on the large
+    model. Two arenas remove most of that at the same speed.
     glibc applies the limit to threads that have not allocated yet, hence
     before TensorFlow starts any. MALLOC_ARENA_MAX in the environment wins.
 
@@ -147,9 +145,9 @@ def release_library_pages():
 
   Importing TensorFlow runs the registrations of thousands of ops and
   kernels spread over its libraries, and building, optimising and first
-  running a graph runs more code once. On the large model this left about
-  370 MiB of library pages resident, a quarter of the peak RSS, while the
-  training steps use about 25 MiB of them. Call this when start-up is over
+  running a graph runs more code once. On the large model this left a
+  quarter of the peak RSS in library pages that the training steps never
+  touch again. Call this when start-up is over
   and after the first call of a graph; the RSS then shows what training
   holds.
 

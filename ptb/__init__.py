@@ -1,0 +1,17 @@
+"""The internals of ptb_word_lm.py, one module per mechanism.
+
+lstm            the LSTM layer in its modes (BASIC, BLOCK, CUDNN), the stack
+lstm_backward   the BASIC cell's forward pass, the shared backward pass
+wavefront       BASIC over all layers as a wavefront of time chunks
+softmax         the softmax loss with its hand-written gradient
+dropout         dropout as explicit masks
+kernels         the C++ kernels (kernels.cc): build, cache, load
+config          rnn modes (AUTO), --config_overrides, value checks
+devices         device flags against the machine, session devices
+checkpoint      progress variables and the checkpointer
+training        the training run: epochs, resume, signals, summaries
+monitor         RSS, the memory log, JSON summaries, library pages
+cluster         multi-process training on TensorFlow's runtime
+errors          the one-line errors that end a run
+testing         helpers of the tests
+"""

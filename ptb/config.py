@@ -1,0 +1,131 @@
+"""The rnn modes, --config_overrides and the checks of a config's values."""
+
+from absl import logging
+import numpy as np
+
+from ptb.errors import UserError
+
+BASIC = "basic"
+CUDNN = "cudnn"
+BLOCK = "block"
+# The fastest mode for the devices of the run: see auto_rnn_mode.
+AUTO = "auto"
+RNN_MODES = (BASIC, BLOCK, CUDNN)
+
+
+def parse_rnn_mode(value, source="--rnn_mode"):
+  """The mode named by `value` (any case); `source` names it in the error."""
+  mode = str(value).lower()
+  if mode not in RNN_MODES + (AUTO,):
+    raise UserError("Invalid %s=%s; valid values are AUTO, BASIC, BLOCK, "
+                    "CUDNN (any case)" % (source, value), exit_code=2)
+  return mode
+
+
+def config_fields(config):
+  """The config's fields and values, in a stable order."""
+  return {k: getattr(config, k) for k in sorted(dir(config))
+          if not k.startswith("_") and not callable(getattr(config, k))}
+
+
+def apply_overrides(config, overrides):
+  """Applies "field=value,..." to `config`; returns the fields it set."""
+  fields = config_fields(config)
+  changed = {}
+  for item in filter(None, (s.strip() for s in overrides.split(","))):
+    name, sep, text = item.partition("=")
+    name, text = name.strip(), text.strip()
+    if not sep or name not in fields:
+      raise UserError("--config_overrides: unknown field %r in %r; fields are "
+                      "%s" % (name, item, ", ".join(fields)), exit_code=2)
+    old = fields[name]
+    try:
+      if name == "rnn_mode":
+        value = parse_rnn_mode(text, "--config_overrides rnn_mode")
+      elif isinstance(old, int):
+        value = int(text)
+      else:
+        value = float(text)
+    except ValueError:
+      raise UserError("--config_overrides: %s=%s is not a valid %s"
+                      % (name, text, type(old).__name__), exit_code=2) from None
+    setattr(config, name, value)
+    changed[name] = value
+  return changed
+
+
+# Upper bounds that no machine of today trains within a lifetime: a value
+# above them is a typo (an extra zero or two), not a benchmark.
+_MAX_INTS = {"num_layers": 1000, "num_steps": 100000, "hidden_size": 100000,
+             "max_epoch": 1000000, "max_max_epoch": 1000000,
+             "batch_size": 1000000, "vocab_size": 100000000}
+
+
+def validate_config(config):
+  """Refuses values that cannot train, with the field named."""
+  for name, limit in _MAX_INTS.items():
+    value = getattr(config, name)
+    if not isinstance(value, int) or value <= 0:
+      raise UserError("config %s=%r must be a positive integer"
+                      % (name, value), exit_code=2)
+    if value > limit:
+      raise UserError("config %s=%d is absurdly large (more than %d)"
+                      % (name, value, limit), exit_code=2)
+  for name in ("init_scale", "learning_rate", "max_grad_norm", "lr_decay"):
+    value = getattr(config, name)
+    if not value > 0 or not np.isfinite(value):
+      raise UserError("config %s=%r must be a positive number"
+                      % (name, value), exit_code=2)
+  if not 0 < config.keep_prob <= 1:
+    raise UserError("config keep_prob=%r must be in (0, 1]" % config.keep_prob,
+                    exit_code=2)
+
+
+def resolve_config(config, num_gpus, overrides):
+  """The config a run uses: the class's fields, then --config_overrides.
+
+  Args:
+    config: a fresh config instance, with --rnn_mode applied if given.
+    num_gpus: 0 trains on the CPU.
+    overrides: the --config_overrides text, or None.
+
+  Returns:
+    `config`, validated, with AUTO replaced by the mode it picks here.
+  """
+  if overrides:
+    changed = apply_overrides(config, overrides)
+    print("Config overrides: %s" % ", ".join("%s=%s" % kv
+                                             for kv in changed.items()))
+  validate_config(config)
+  mode = parse_rnn_mode(config.rnn_mode, "config rnn_mode")
+  config.rnn_mode = auto_rnn_mode(num_gpus) if mode == AUTO else mode
+  logging.info("rnn_mode: %s%s", config.rnn_mode.upper(),
+               " (AUTO on the %s)" % ("GPU" if num_gpus else "CPU")
+               if mode == AUTO else "")
+  return config
+
+
+def auto_rnn_mode(num_gpus):
+  """What AUTO runs: BASIC on the CPU (the fastest there), BLOCK on GPUs."""
+  return BLOCK if num_gpus else BASIC
+
+
+# Each numeric flag's lowest valid value, and whether the value itself is
+# allowed.
+FLAG_RANGES = {"save_every_steps": (0, True), "memory_interval": (0, False),
+               "cluster_timeout": (0, False)}
+
+
+def check_flag_ranges(values):
+  """Refuses a numeric flag outside its range (FLAG_RANGES), with its name.
+
+  Args:
+    values: {flag name: value} for the names of FLAG_RANGES.
+  """
+  for name, value in values.items():
+    low, inclusive = FLAG_RANGES[name]
+    if not (value >= low if inclusive else value > low):
+      bound = (("0 or more" if inclusive else "positive") if low == 0 else
+               ("at least %s" if inclusive else "more than %s") % low)
+      raise UserError("--%s=%s must be %s" % (name, value, bound),
+                      exit_code=2)

@@ -1,0 +1,37 @@
+"""The device flags checked against the machine, and the session's devices."""
+
+import tensorflow as tf
+
+from ptb.config import CUDNN
+from ptb.errors import UserError
+import util
+
+
+def check_devices(num_gpus, rnn_mode, cpu_towers):
+  """Checks the device flags against the machine; returns tower devices."""
+  if num_gpus < 0:
+    raise UserError("--num_gpus=%d must be 0 or more" % num_gpus, exit_code=2)
+  if cpu_towers < 1:
+    raise UserError("--cpu_towers=%d must be 1 or more" % cpu_towers,
+                    exit_code=2)
+  # Probing for GPUs costs a CUDA initialisation (and its log lines), so the
+  # CPU path does not ask.
+  present = len(tf.config.list_physical_devices("GPU")) if num_gpus else 0
+  if num_gpus > present:
+    raise UserError(
+        "--num_gpus=%d but this machine has %d GPU%s visible to TensorFlow; "
+        "use --num_gpus=0 to train on the CPU"
+        % (num_gpus, present, "" if present == 1 else "s"))
+  if rnn_mode == CUDNN and num_gpus == 0:
+    raise UserError("--rnn_mode=CUDNN needs a GPU (cuDNN) and --num_gpus >= 1; "
+                    "on the CPU use BASIC or BLOCK")
+  return util.tower_devices(num_gpus, cpu_towers)
+
+
+def session_config(devices, intra_op_threads, inter_op_threads):
+  cpu_count = sum(d.startswith("/cpu") for d in devices)
+  return tf.compat.v1.ConfigProto(
+      device_count={"CPU": max(1, cpu_count)},
+      intra_op_parallelism_threads=intra_op_threads,
+      inter_op_parallelism_threads=inter_op_threads,
+      allow_soft_placement=False)

@@ -1,0 +1,140 @@
+"""Helpers of the tests: generated corpora, tiny configs, the script run.
+
+Nothing here is used by a training run.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from ptb.config import BASIC
+import ptb_word_lm
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(HERE, "ptb_word_lm.py")
+
+
+def make_corpus(directory, num_words=30, train_lines=300, seed=0,
+                word_prefix="w"):
+  """Writes a small generated PTB-like corpus; returns the directory."""
+  rng = np.random.RandomState(seed)
+  words = ["%s%d" % (word_prefix, i) for i in range(num_words)]
+  for name, lines in (("train", train_lines), ("valid", 40), ("test", 40)):
+    with open(os.path.join(directory, "ptb.%s.txt" % name), "w") as f:
+      for _ in range(lines):
+        # A skewed distribution, so that a model has something to learn.
+        ids = np.minimum(rng.geometric(0.15, size=rng.randint(3, 12)) - 1,
+                         num_words - 1)
+        f.write(" " + " ".join(words[i] for i in ids) + " \n")
+  return directory
+
+
+def make_structured_corpus(directory, train_lines=1500, num_words=10, seed=0,
+                           period=2, length=8):
+  """Writes a corpus that only a model carrying its LSTM state can learn.
+
+  Every line repeats `period` words drawn at random (`a b a b a b a b`), so
+  each word after the first `period` is the word `period` steps back, and
+  is independent of the word just before it: a model that sees only the
+  current word (one that loses its state) does no better than the unigram
+  model, one that remembers the previous words predicts most of them.
+  With `LEARNING_OVERRIDES` on --model=test (2 steps a window), half of
+  those dependencies cross from one window to the next.
+
+  Returns:
+    The directory.
+  """
+  rng = np.random.RandomState(seed)
+  words = ["s%d" % i for i in range(num_words)]
+  for name, lines in (("train", train_lines), ("valid", 200), ("test", 100)):
+    with open(os.path.join(directory, "ptb.%s.txt" % name), "w") as f:
+      for _ in range(lines):
+        ids = np.resize(rng.randint(num_words, size=period), length)
+        f.write(" " + " ".join(words[i] for i in ids) + " \n")
+  return directory
+
+
+# --model=test made big enough to learn make_structured_corpus (10 words and
+# <eos>) in a few seconds.
+LEARNING_OVERRIDES = ("hidden_size=16,vocab_size=11,max_epoch=2,"
+                      "max_max_epoch=3,max_grad_norm=5")
+# A test perplexity below this shows that the model learned what needs its
+# state (the corpus test shows the unigram model and a model that loses its
+# state at every step above 9).
+LEARNED_TEST_PERPLEXITY = 4.0
+
+
+def run_script(*args, timeout=600):
+  """Runs ptb_word_lm.py; returns (exit code, stdout, stderr)."""
+  proc = subprocess.run([sys.executable, SCRIPT] + list(args),
+                        capture_output=True, text=True, timeout=timeout,
+                        cwd=HERE)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+class TinyConfig(object):
+  init_scale = 0.1
+  learning_rate = 1.0
+  max_grad_norm = 5
+  num_layers = 2
+  num_steps = 5
+  hidden_size = 8
+  max_epoch = 1
+  max_max_epoch = 1
+  keep_prob = 1.0
+  lr_decay = 0.5
+  batch_size = 4
+  vocab_size = 30
+  rnn_mode = BASIC
+
+
+def reference_lstm(x, c, h, kernel, bias):
+  """The LSTM in numpy, straight from the SPEC: gates (i, j, f, o)."""
+  sigmoid = lambda v: 1 / (1 + np.exp(-v))
+  outputs = []
+  for x_t in x:
+    gates = np.concatenate([x_t, h], 1) @ kernel + bias
+    i, j, f, o = np.split(gates, 4, axis=1)
+    c = sigmoid(f + 0.0) * c + sigmoid(i) * np.tanh(j)
+    h = sigmoid(o) * np.tanh(c)
+    outputs.append(h)
+  return np.stack(outputs), c, h
+
+
+def unigram_perplexity(train, test):
+  """Perplexity on `test` of the word frequencies of `train` (id lists)."""
+  counts = np.bincount(train, minlength=max(max(train), max(test)) + 1)
+  return float(np.exp(-np.mean(np.log(counts[test[1:]] / len(train)))))
+
+
+def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
+                     is_training=True, seed=0):
+  """A model on fixed random data `rows` `[batch, steps + 1]` ids."""
+  config.rnn_mode = rnn_mode
+  data = rows.reshape(-1)  # rows are contiguous streams: see reader.
+  input_ = ptb_word_lm.PTBInput(config, data, name="Input",
+                                num_towers=len(devices))
+  initializer = tf.compat.v1.random_uniform_initializer(
+      -config.init_scale, config.init_scale, seed=seed)
+  with tf.compat.v1.variable_scope("Model", initializer=initializer,
+                                   reuse=tf.compat.v1.AUTO_REUSE):
+    return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
+
+
+def assert_user_error(test, args, pattern, code=1):
+  """Runs the script; checks exit `code`, one error line, no traceback.
+
+  Returns:
+    (stdout, stderr) for further checks.
+  """
+  exit_code, out, err = run_script(*args)
+  test.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
+  test.assertNotIn("Traceback", err)
+  error_lines = [l for l in err.splitlines()
+                 if l.startswith("ptb_word_lm.py: error:")]
+  test.assertLen(error_lines, 1, err)
+  test.assertRegex(error_lines[0], pattern)
+  return out, err
