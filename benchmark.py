@@ -30,6 +30,7 @@ from absl import flags
 import tensorflow as tf
 
 from ptb import config as config_lib
+from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb.errors import UserError
 import ptb_word_lm
@@ -122,9 +123,6 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
 
 
 def main(_):
-  if not FLAGS.data_path:
-    raise UserError("Must set --data_path to PTB data directory",
-                    exit_code=2)
   models = [m.strip() for m in FLAGS.model.split(",") if m.strip()]
   modes = ([m.strip() for m in FLAGS.rnn_mode.split(",") if m.strip()]
            if FLAGS.rnn_mode else [None])
@@ -134,7 +132,7 @@ def main(_):
   session_config = devices_lib.session_config(
       devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
   try:
-    train_data = reader.ptb_raw_data(FLAGS.data_path)[0]
+    train_data = reader.ptb_raw_data(data_lib.resolve(FLAGS.data_path))[0]
   except reader.DataError as e:
     raise UserError(str(e)) from None
   # The ceiling is measured before and after each combination, and the

@@ -57,6 +57,7 @@ import tensorflow as tf
 
 from ptb import cluster as cluster_lib
 from ptb import config as config_lib
+from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import lstm
@@ -72,7 +73,9 @@ import util
 flags.DEFINE_string(
     "model", "small",
     "A type of model. Possible options are: small, medium, large, test.")
-flags.DEFINE_string("data_path", None, "Where the PTB data is stored.")
+flags.DEFINE_string("data_path", None,
+                    "Where the PTB data is stored; unset: $PTB_DATA_PATH, "
+                    "else the cache, downloaded and checked on first use.")
 flags.DEFINE_string("save_path", None, "Model output directory.")
 flags.DEFINE_bool("use_fp16", False,
                   "Train using 16-bit floats instead of 32bit floats")
@@ -588,9 +591,6 @@ def main(_):
   if cluster and FLAGS.save_every_steps:
     raise UserError("--save_every_steps is for one process: a cluster saves "
                     "at the end of every epoch", exit_code=2)
-  if not FLAGS.data_path:
-    raise UserError("Must set --data_path to PTB data directory "
-                    "(simple-examples/data)", exit_code=2)
   config = config_lib.resolve_config(get_config(FLAGS.model, FLAGS.rnn_mode),
                                      FLAGS.num_gpus, FLAGS.config_overrides)
   devices = devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
@@ -608,8 +608,9 @@ def main(_):
              "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout,
              "summary": training.summary_header(sys.argv, FLAGS.model, config,
                                                 devices)}
+  data_path = data_lib.resolve(FLAGS.data_path)
   try:
-    data = reader.load_data(FLAGS.data_path, config.vocab_size, (
+    data = reader.load_data(data_path, config.vocab_size, (
         config.batch_size * len(devices) *
         (len(cluster.worker_hosts) if cluster else 1),
         config.batch_size, 1), (config.num_steps, config.num_steps, 1))

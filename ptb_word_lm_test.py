@@ -325,6 +325,8 @@ class CommandLineTest(tf.test.TestCase):
       self.assertEqual(re.findall(r"Test Perplexity: \S+", out2), test)
 
   def testTestModelOnRealPtbEndsWithFiniteTestPerplexity(self):
+    if PTB_PATH is None:
+      self.skipTest(reader_test.NO_PTB)
     code, out, err = run_script("--data_path=" + PTB_PATH, "--model=test",
                                 "--num_gpus=0")
     self.assertEqual(code, 0, err)
@@ -454,8 +456,6 @@ class ErrorTest(tf.test.TestCase):
   def assertUserError(self, args, pattern, code=1):
     assert_user_error(self, args, pattern, code)
 
-  def testNoDataPath(self):
-    self.assertUserError(["--num_gpus=0"], "--data_path", code=2)
 
   def testMissingFile(self):
     with tempfile.TemporaryDirectory() as tmp:
@@ -492,12 +492,12 @@ class ErrorTest(tf.test.TestCase):
   def testDefaultNumGpusWithoutGpu(self):
     if tf.config.list_physical_devices("GPU"):
       self.skipTest("this machine has a GPU")
-    self.assertUserError(["--data_path=" + PTB_PATH], "--num_gpus=0")
+    self.assertUserError(["--data_path=/x"], "--num_gpus=0")
 
   def testCudnnWithoutGpu(self):
     if tf.config.list_physical_devices("GPU"):
       self.skipTest("this machine has a GPU")
-    self.assertUserError(["--data_path=" + PTB_PATH, "--rnn_mode=cudnn",
+    self.assertUserError(["--data_path=/x", "--rnn_mode=cudnn",
                           "--num_gpus=0"], "CUDNN needs a GPU")
 
   def testVocabularyLargerThanConfig(self):

@@ -6,10 +6,14 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from ptb import data as data_lib
 import reader
 
-PTB_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                        "shared", "data", "simple-examples", "data")
+# The real PTB, found as the program finds it without --data_path and
+# without the network ($PTB_DATA_PATH, then the cache); None if neither.
+PTB_PATH = data_lib.local_data_dir()
+NO_PTB = ("no real PTB here: set PTB_DATA_PATH, or run ptb_word_lm.py once "
+          "to fill the cache")
 
 
 def _write(directory, name, content, mode="w"):
@@ -139,8 +143,8 @@ class PtbReaderTest(tf.test.TestCase):
         reader._read_words(path)
 
   def testRealPtb(self):
-    if not os.path.isdir(PTB_PATH):
-      self.fail("the shared PTB copy is missing at %s" % PTB_PATH)
+    if PTB_PATH is None:
+      self.skipTest(NO_PTB)
     train, valid, test, vocab_size = reader.ptb_raw_data(PTB_PATH)
     self.assertEqual(vocab_size, 10000)
     self.assertEqual((len(train), len(valid), len(test)),

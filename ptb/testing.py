@@ -67,11 +67,11 @@ LEARNING_OVERRIDES = ("hidden_size=16,vocab_size=11,max_epoch=2,"
 LEARNED_TEST_PERPLEXITY = 4.0
 
 
-def run_script(*args, timeout=600):
+def run_script(*args, timeout=600, env=None):
   """Runs ptb_word_lm.py; returns (exit code, stdout, stderr)."""
   proc = subprocess.run([sys.executable, SCRIPT] + list(args),
                         capture_output=True, text=True, timeout=timeout,
-                        cwd=HERE)
+                        cwd=HERE, env=env)
   return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -124,13 +124,13 @@ def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
     return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
 
 
-def assert_user_error(test, args, pattern, code=1):
+def assert_user_error(test, args, pattern, code=1, env=None):
   """Runs the script; checks exit `code`, one error line, no traceback.
 
   Returns:
     (stdout, stderr) for further checks.
   """
-  exit_code, out, err = run_script(*args)
+  exit_code, out, err = run_script(*args, env=env)
   test.assertEqual(exit_code, code, "stdout: %s\nstderr: %s" % (out, err))
   test.assertNotIn("Traceback", err)
   error_lines = [l for l in err.splitlines()

@@ -1,0 +1,133 @@
+"""Learning curves of ptb_word_lm.py and a peer implementation, side by side.
+
+Runs ptb_word_lm.py, then the peer (../shared/bench/torch_peer.py, the same
+model in PyTorch: torch is not a requirement of this project), on the same
+config and data, one after the other, and prints their perplexities and
+ratios, per epoch (--epochs=N) or at the progress lines of the first part
+of epoch 1 (--fraction=F: both stop once they have printed the line at F):
+
+  python compare_curves.py --model=medium --epochs=2 \\
+      --peer=../shared/bench/torch_peer.py --peer_python=python3
+
+The random draws differ between the two, so the peer's curve is a
+reference, not an exact target: the ratios show whether this port learns
+as an independent implementation of the same model does.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+from ptb import data as data_lib
+from ptb.errors import Stop
+from ptb.errors import UserError
+
+flags.DEFINE_string("data_path", None,
+                    "PTB directory; unset, found as ptb_word_lm.py finds it.")
+flags.DEFINE_string("model", "medium", "small, medium or large.")
+flags.DEFINE_integer("epochs", 0, "Epochs to train and compare.")
+flags.DEFINE_float("fraction", 0.0,
+                   "Instead of --epochs: compare the progress lines of epoch "
+                   "1 up to this fraction of it.")
+flags.DEFINE_integer("seed", 1, "Seed of both runs.")
+flags.DEFINE_string("peer", "../shared/bench/torch_peer.py",
+                    "The peer's script.")
+flags.DEFINE_string("peer_python", "python3",
+                    "The interpreter that has the peer's framework.")
+FLAGS = flags.FLAGS
+
+_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "ptb_word_lm.py")
+_PROGRESS = re.compile(r"^(\d+\.\d{3}) perplexity: (\S+) speed: (\d+) wps$")
+_EPOCH = re.compile(r"^Epoch: (\d+) (Train|Valid) Perplexity: (\S+)$")
+
+
+def run(name, command, fraction):
+  """Runs `command`; returns its {key: perplexity} and the seconds it took.
+
+  Keys are ("train"|"valid", epoch) for epoch lines and ("progress",
+  fraction text) for progress lines of epoch 1. With `fraction`, the run is
+  stopped once it has printed the progress line at or past it.
+  """
+  print("Running %s: %s" % (name, " ".join(command)), file=sys.stderr,
+        flush=True)
+  start, found, epoch = time.time(), {}, 1
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+  for line in proc.stdout:
+    line = line.strip()
+    match = _EPOCH.match(line)
+    if match:
+      epoch = int(match.group(1)) + (match.group(2) == "Valid")
+      found[(match.group(2).lower(), int(match.group(1)))] = float(
+          match.group(3))
+    match = _PROGRESS.match(line)
+    if match and epoch == 1:
+      found[("progress", match.group(1))] = float(match.group(2))
+      if fraction and float(match.group(1)) >= fraction:
+        proc.terminate()
+        break
+  code = proc.wait()
+  if code != 0 and not fraction:
+    raise UserError("%s exited with status %d" % (name, code))
+  return found, time.time() - start
+
+
+def table(ours, peer, fraction):
+  """The comparison's lines: one per epoch or per progress line."""
+  rows = []
+  if fraction:
+    rows.append("| fraction of epoch 1 | ours train | peer train | ratio |")
+    rows.append("|---|---|---|---|")
+    for key in sorted(k for k in ours if k[0] == "progress" and k in peer):
+      rows.append("| %s | %.3f | %.3f | %.3f |" % (
+          key[1], ours[key], peer[key], ours[key] / peer[key]))
+    return rows
+  rows.append("| epoch | ours train | peer train | ratio | ours valid | "
+              "peer valid | ratio |")
+  rows.append("|---|---|---|---|---|---|---|")
+  for epoch in sorted({k[1] for k in ours if k[0] == "train"}):
+    cells = []
+    for what in ("train", "valid"):
+      a, b = ours.get((what, epoch)), peer.get((what, epoch))
+      cells.append("%s | %s | %s" % (
+          "%.3f" % a if a else "-", "%.3f" % b if b else "-",
+          "%.3f" % (a / b) if a and b else "-"))
+    rows.append("| %d | %s |" % (epoch, " | ".join(cells)))
+  return rows
+
+
+def main(_):
+  if bool(FLAGS.epochs > 0) == bool(FLAGS.fraction > 0):
+    raise UserError("give one of --epochs=N (N >= 1) and --fraction=F "
+                    "(0 < F <= 1)", exit_code=2)
+  data_path = data_lib.resolve(FLAGS.data_path)
+  epochs = FLAGS.epochs or 1
+  ours, ours_seconds = run("ptb_word_lm.py", [
+      sys.executable, _SCRIPT, "--data_path=" + data_path,
+      "--model=" + FLAGS.model, "--num_gpus=0", "--seed=%d" % FLAGS.seed,
+      "--config_overrides=max_max_epoch=%d" % epochs], FLAGS.fraction)
+  peer, peer_seconds = run("the peer", [
+      FLAGS.peer_python, FLAGS.peer, "--data_path=" + data_path,
+      "--model=" + FLAGS.model, "--epochs=%d" % epochs,
+      "--seed=%d" % FLAGS.seed], FLAGS.fraction)
+  print("%s, %s: ours %.0f s, the peer %.0f s" % (
+      FLAGS.model, "%d epochs" % epochs if FLAGS.epochs else
+      "first %.2f of epoch 1" % FLAGS.fraction, ours_seconds, peer_seconds))
+  print("\n".join(table(ours, peer, FLAGS.fraction)))
+
+
+def run_main():
+  try:
+    app.run(main)
+  except Stop as e:
+    print("compare_curves.py: error: %s" % e, file=sys.stderr)
+    sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+  run_main()
