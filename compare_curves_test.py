@@ -70,7 +70,7 @@ class CompareCurvesTest(tf.test.TestCase):
                      ["0.000", "0.085", "0.169", "0.254"])
     for k, row in enumerate(rows[1:]):
       ours, peer, ratio = (float(c) for c in row.strip("|").split("|")[1:])
-      self.assertEqual(peer, 1000.0 / (k + 1))
+      self.assertAlmostEqual(peer, 1000.0 / (k + 1), places=3)
       self.assertAlmostEqual(ratio, ours / peer, places=3)
     self.assertNotIn("Test Perplexity", proc.stdout)
 

@@ -61,6 +61,7 @@ from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import lstm
+from ptb import outputs
 from ptb import softmax
 from ptb import training
 from ptb import wavefront
@@ -591,13 +592,13 @@ def main(_):
   if cluster and FLAGS.save_every_steps:
     raise UserError("--save_every_steps is for one process: a cluster saves "
                     "at the end of every epoch", exit_code=2)
+  outputs.check_all(FLAGS.save_path, FLAGS.memory_log, FLAGS.summary_json)
   config = config_lib.resolve_config(get_config(FLAGS.model, FLAGS.rnn_mode),
                                      FLAGS.num_gpus, FLAGS.config_overrides)
   devices = devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
                                       FLAGS.cpu_towers)
   eval_config = copy.copy(config)
-  eval_config.batch_size = 1
-  eval_config.num_steps = 1
+  eval_config.batch_size = eval_config.num_steps = 1
 
   options = {"save_path": FLAGS.save_path, "use_fp16": FLAGS.use_fp16,
              "intra_op_threads": FLAGS.intra_op_threads,
@@ -614,8 +615,8 @@ def main(_):
         config.batch_size * len(devices) *
         (len(cluster.worker_hosts) if cluster else 1),
         config.batch_size, 1), (config.num_steps, config.num_steps, 1))
-    # Started once the input is known to be good: a refused run writes
-    # nothing.
+    # Once the input is known to be good: a refused run writes nothing.
+    outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
     options["sampler"] = sampler = training.start_sampler(
         FLAGS.memory_log, FLAGS.memory_interval, devices)
   except reader.DataError as e:

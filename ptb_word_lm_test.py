@@ -15,6 +15,7 @@ import tensorflow as tf
 from ptb import config as config_lib
 from ptb import monitor
 from ptb import training
+from ptb import wavefront
 from ptb.testing import HERE
 from ptb.testing import LEARNED_TEST_PERPLEXITY
 from ptb.testing import LEARNING_OVERRIDES
@@ -213,10 +214,14 @@ class DropoutTest(tf.test.TestCase):
         size=(config.batch_size, config.num_steps + 1)).astype(np.int32)
 
   def testMasksHaveTheRateAndScaleAndAreAppliedWhereTheSpecSays(self):
-    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK):
+    # BASIC as a wavefront of chunks (hidden sizes below 1024), BASIC layer
+    # by layer (as from 1024 on: large), and BLOCK.
+    for mode, chunk in ((ptb_word_lm.BASIC, 4), (ptb_word_lm.BASIC, None),
+                        (ptb_word_lm.BLOCK, 4)):
       config = self._config(0.5)
       rows = self._rows(config)
-      with tf.Graph().as_default():
+      with tf.Graph().as_default(), mock.patch.object(
+          wavefront, "wavefront_chunk", return_value=chunk):
         tf.compat.v1.set_random_seed(7)
         model = build_tiny_model(config, rows, mode)
         masks = model.dropout_masks

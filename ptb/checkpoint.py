@@ -44,6 +44,7 @@ class Checkpointer(object):
     self._var_list = var_list
     self._saver = tf.compat.v1.train.Saver(var_list, max_to_keep=2,
                                            save_relative_paths=True)
+    self._damaged = set()   # checkpoints skipped because they cannot be read
 
   @staticmethod
   def check_writable(save_path):
@@ -58,8 +59,65 @@ class Checkpointer(object):
       raise UserError("--save_path=%s cannot be written: %s"
                       % (save_path, e.strerror or e)) from None
 
-  def latest(self):
-    return tf.train.latest_checkpoint(self._save_path)
+  def _candidates(self):
+    """The checkpoints in save_path, newest first."""
+    try:
+      state = tf.train.get_checkpoint_state(self._save_path)
+    except (tf.errors.OpError, ValueError):  # a damaged `checkpoint` file
+      state = None
+    if state is not None:
+      paths = list(state.all_model_checkpoint_paths)
+      if state.model_checkpoint_path not in paths:
+        paths.append(state.model_checkpoint_path)
+    else:  # no pointer: the index files, newest first
+      names = [n[:-len(".index")] for n in os.listdir(self._save_path)
+               if n.startswith("model.ckpt") and n.endswith(".index")]
+      paths = sorted(names, key=lambda n: os.path.getmtime(
+          os.path.join(self._save_path, n + ".index")))
+    return [p if os.path.isabs(p) else os.path.join(self._save_path, p)
+            for p in reversed(paths)]
+
+  @staticmethod
+  def unreadable(path):
+    """Why the checkpoint `path` cannot be restored, or None if it can.
+
+    Every variable is read: a truncated data file shows only there.
+    """
+    try:
+      reader = tf.train.load_checkpoint(path)
+      for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+    # The reader raises OpErrors, ValueError, and IndexError on short data.
+    except Exception as e:  # pylint: disable=broad-except
+      text = getattr(e, "message", None) or str(e)
+      return (text.strip().splitlines() or [type(e).__name__])[0]
+    return None
+
+  def latest(self, warn=None):
+    """The newest checkpoint that can be read; None if there is none at all.
+
+    A damaged one (truncated, missing or corrupt files) is reported through
+    `warn` and skipped; nothing is deleted or changed.
+
+    Raises:
+      UserError: there are checkpoints, and none of them can be read.
+    """
+    reasons = []
+    for path in self._candidates():
+      reason = self.unreadable(path)
+      if reason is None:
+        return path
+      self._damaged.add(path)
+      if warn:
+        warn("skipping the checkpoint %s, which cannot be read (%s)"
+             % (path, reason))
+      reasons.append("%s: %s" % (os.path.basename(path), reason))
+    if reasons:
+      raise UserError(
+          "no checkpoint in %s can be read (%s); move the damaged files out "
+          "of it to start afresh there, or use another --save_path"
+          % (self._save_path, "; ".join(reasons)))
+    return None
 
   def check_compatible(self, ckpt):
     """Raises UserError naming the first variable whose shape differs."""
@@ -77,17 +135,36 @@ class Checkpointer(object):
                 "absent" if theirs is None else theirs,
                 "absent" if here is None else here))
 
-  def restore(self, session):
-    """Restores the latest checkpoint after checking it fits; returns it."""
-    ckpt = self.latest()
+  def restore(self, session, ckpt):
+    """Restores `ckpt` after checking that it fits this graph."""
     self.check_compatible(ckpt)
     self._saver.restore(session, ckpt)
-    return ckpt
 
   def save(self, session, global_step):
-    # Saver writes into temporary files and renames them, and moves the
-    # `checkpoint` pointer only afterwards: a crash mid-save leaves the
-    # previous checkpoint usable.
-    return self._saver.save(session, os.path.join(self._save_path,
-                                                  "model.ckpt"),
-                            global_step=global_step)
+    """Writes a checkpoint named for the global step; returns its path.
+
+    Saver writes into temporary files and renames them, and moves the
+    `checkpoint` pointer only afterwards: a crash or a full disk mid-save
+    leaves the previous checkpoint usable. A damaged checkpoint that was
+    skipped on restart keeps its files: a new one of the same step gets
+    another name.
+
+    Raises:
+      UserError: the save failed; it names the last good checkpoint.
+    """
+    prefix = os.path.join(self._save_path, "model.ckpt-%d" % (
+        tf.compat.v1.train.global_step(session, global_step)))
+    while prefix in self._damaged:
+      prefix += "r"
+    try:
+      return self._saver.save(session, prefix)
+    except (tf.errors.OpError, OSError) as e:
+      text = getattr(e, "message", None) or getattr(e, "strerror", None)
+      reason = (str(text or e).strip().splitlines() or [type(e).__name__])[0]
+    try:
+      last = self.latest()
+    except UserError:
+      last = None
+    raise UserError("saving a checkpoint to %s failed (%s); the last good "
+                    "checkpoint is %s" % (self._save_path, reason,
+                                          last or "none: nothing was saved"))

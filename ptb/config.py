@@ -112,8 +112,11 @@ def auto_rnn_mode(num_gpus):
 
 # Each numeric flag's lowest valid value, and whether the value itself is
 # allowed.
-FLAG_RANGES = {"save_every_steps": (0, True), "memory_interval": (0, False),
-               "cluster_timeout": (0, False)}
+FLAG_RANGES = {"num_gpus": (0, True), "cpu_towers": (1, True),
+               "intra_op_threads": (0, True), "inter_op_threads": (0, True),
+               "eval_unroll": (1, True), "seed": (0, True),
+               "save_every_steps": (0, True), "memory_interval": (0, False),
+               "task_index": (0, True), "cluster_timeout": (0, False)}
 
 
 def check_flag_ranges(values):
@@ -123,6 +126,8 @@ def check_flag_ranges(values):
     values: {flag name: value} for the names of FLAG_RANGES.
   """
   for name, value in values.items():
+    if value is None:  # unset, e.g. --seed
+      continue
     low, inclusive = FLAG_RANGES[name]
     if not (value >= low if inclusive else value > low):
       bound = (("0 or more" if inclusive else "positive") if low == 0 else

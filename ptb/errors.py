@@ -1,4 +1,7 @@
-"""The errors that end a run with one line and an exit code."""
+"""The errors that end a run with one line and an exit code, and warnings."""
+
+import os
+import sys
 
 
 class Stop(Exception):
@@ -14,3 +17,9 @@ class UserError(Stop):
 
   def __init__(self, message, exit_code=1):
     super().__init__(message, exit_code)
+
+
+def warn(message):
+  """One warning line on stderr, named like the run's error lines."""
+  print("%s: warning: %s" % (os.path.basename(sys.argv[0]), message),
+        file=sys.stderr, flush=True)

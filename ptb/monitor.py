@@ -23,6 +23,8 @@ import tempfile
 import threading
 import time
 
+from ptb.errors import warn
+
 _MIB = 1024.0 * 1024.0
 
 # Columns every memory log has; GPU columns follow them.
@@ -192,6 +194,7 @@ def write_json_atomic(path, obj):
     obj: a JSON-serializable value.
   """
   directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
   fd, tmp_path = tempfile.mkstemp(
       dir=directory, prefix="." + os.path.basename(path) + ".",
       suffix=".tmp")
@@ -317,6 +320,7 @@ class MemorySampler:
     """
     if self._file is not None or self._thread is not None:
       raise RuntimeError("MemorySampler already started")
+    os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
     self._file = open(self._path, "w", newline="")
     self._writer = csv.writer(self._file)
     self._writer.writerow(self.columns)
@@ -376,8 +380,18 @@ class MemorySampler:
              phase, epoch, step]
       for name in self._gpu_names:
         row += self._gpu_row(name)
-      self._writer.writerow(row)
-      self._file.flush()
+      try:
+        self._writer.writerow(row)
+        self._file.flush()
+      except OSError as e:
+        # The log is worth less than the run: it stops, the training goes on.
+        warn("the memory log %s can no longer be written (%s); it stops "
+             "here, the training goes on" % (self._path, e.strerror or e))
+        try:
+          self._file.close()
+        except OSError:
+          pass
+        self._file = None
 
   def _gpu_row(self, name):
     """Returns `[bytes_in_use, peak_bytes]` for one GPU, empty if unknown."""

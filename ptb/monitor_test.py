@@ -61,12 +61,14 @@ class ReduceMemoryFootprintTest(unittest.TestCase):
   """In a fresh interpreter each: the settings are for the whole process."""
 
   def _run(self, env):
-    code = ("import sys, monitor; limited = monitor.reduce_memory_footprint();"
+    code = ("import sys; from ptb import monitor; "
+            "limited = monitor.reduce_memory_footprint(); "
             "import tensorflow; print(limited, 'keras' in sys.modules and "
             "sys.modules['keras'] is not None)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, timeout=600, env=env,
-                          cwd=os.path.dirname(os.path.abspath(__file__)))
+                          cwd=os.path.dirname(os.path.dirname(
+                              os.path.abspath(__file__))))
     self.assertEqual(proc.returncode, 0, msg=proc.stderr[-2000:])
     return proc.stdout.split()
 

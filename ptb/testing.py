@@ -124,6 +124,25 @@ def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
     return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
 
 
+def start_run(args, env=None, progress_lines=1):
+  """Starts ptb_word_lm.py; returns once it printed `progress_lines` lines.
+
+  Returns:
+    (the Popen with stdout and stderr pipes, the stdout lines read so far).
+  """
+  proc = subprocess.Popen(
+      [sys.executable, SCRIPT] + list(args), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, cwd=HERE,
+      env=dict(env or os.environ, PYTHONUNBUFFERED="1"))
+  lines, seen = [], 0
+  for line in proc.stdout:
+    lines.append(line)
+    seen += "wps" in line
+    if seen == progress_lines:
+      break
+  return proc, lines
+
+
 def assert_user_error(test, args, pattern, code=1, env=None):
   """Runs the script; checks exit `code`, one error line, no traceback.
 

@@ -19,6 +19,7 @@ from ptb.checkpoint import Checkpointer
 from ptb.checkpoint import Progress
 from ptb.errors import Stop
 from ptb.errors import UserError
+from ptb.errors import warn
 
 
 def start_sampler(path, interval, devices):
@@ -152,14 +153,14 @@ class TrainingRun(object):
 
   def _initialize(self, session):
     """Initialises or restores; returns (epoch, step, costs) to start from."""
-    ckpt = self.checkpointer.latest() if self.checkpointer else None
+    ckpt = self.checkpointer.latest(warn) if self.checkpointer else None
     if not self.chief:
       self._wait_for_chief(session)
     elif ckpt:
       # Restoring initialises the variables: other workers wait for exactly
       # that, so they never see freshly initialised weights.
       session.run(self.local_init)
-      self.checkpointer.restore(session)
+      self.checkpointer.restore(session, ckpt)
     else:
       session.run([self.global_init, self.local_init])
     start = self.progress.get(session) if (ckpt or not self.chief) else (
@@ -197,9 +198,13 @@ class TrainingRun(object):
 
   def _interrupted(self, session, signum):
     where = self.where
-    if self.checkpointer is None:
-      saved = "nothing saved (%s)" % ("no --save_path" if self.chief else
-                                      "only the chief saves")
+    resume = "; run the same command to resume"
+    if self.checkpointer is None and self.chief:
+      saved, resume = ("nothing saved: without --save_path a run cannot be "
+                       "resumed; add --save_path=DIR to make the next run "
+                       "resumable"), ""
+    elif self.checkpointer is None:
+      saved = "nothing saved here: only the chief saves"
     elif where["phase"] == "train" and not self.cluster:
       saved = "checkpoint saved to %s" % self.save(
           session, where["epoch"] - 1, where["step"] + 1, where["costs"])
@@ -211,10 +216,9 @@ class TrainingRun(object):
       # Workers of a cluster resume together only from an epoch's end.
       saved = "the checkpoint of the last finished epoch is in %s" % (
           self.save_path)
-    return Stop("interrupted by %s in the %s pass of epoch %d at step %d (%s); "
-                "run the same command to resume"
+    return Stop("interrupted by %s in the %s pass of epoch %d at step %d (%s)%s"
                 % (signal.Signals(signum).name, where["phase"], where["epoch"],
-                   where["step"], saved), 128 + signum)
+                   where["step"], saved, resume), 128 + signum)
 
   def _on_step(self, session, signals, step, cost, costs):
     where = self.where
@@ -357,7 +361,12 @@ def _publish(summary, options, status):
   summary["status"] = status
   summary["wall_seconds"] = time.time() - options["start_time"]
   summary["peak_rss_mib"] = monitor.peak_rss_mib()
-  monitor.write_json_atomic(path, summary)
+  try:
+    monitor.write_json_atomic(path, summary)
+  except OSError as e:
+    # A summary is worth less than the run: it is written again next time.
+    warn("the summary %s could not be written (%s); it is written again "
+         "after the next epoch" % (path, e.strerror or e))
 
 
 def _write_scalars(writer, step, values):

@@ -30,10 +30,13 @@ def perplexity_lines(out):
 
 
 def snapshot(directory):
-  """Names, sizes and modification times of the files in `directory`."""
+  """Names, sizes and modification times of the files in `directory`.
+
+  Without `.lock`, which every run on the directory takes and rewrites.
+  """
   return {name: (os.path.getsize(os.path.join(directory, name)),
                  os.path.getmtime(os.path.join(directory, name)))
-          for name in sorted(os.listdir(directory))}
+          for name in sorted(os.listdir(directory)) if name != ".lock"}
 
 
 class RobustnessTest(tf.test.TestCase):
