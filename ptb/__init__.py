@@ -9,6 +9,8 @@ kernels         the C++ kernels (kernels.cc): build, cache, load
 config          rnn modes (AUTO), --config_overrides, value checks
 devices         device flags against the machine, session devices
 checkpoint      progress variables and the checkpointer
+outputs         outputs checked before work starts; the save_path lock
+data            where the PTB comes from; the checked download and cache
 training        the training run: epochs, resume, signals, summaries
 monitor         RSS, the memory log, JSON summaries, library pages
 cluster         multi-process training on TensorFlow's runtime
