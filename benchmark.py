@@ -7,7 +7,7 @@ word, the achieved GFLOP/s, the float32 matrix-multiply ceiling TensorFlow
 reaches in this process (the better of two measurements, just before and
 just after the combination's steps), their ratio (model FLOP utilisation),
 peak RSS, whether the per-step recurrent products ran on this project's
-AVX-512 kernels (recurrent=kernels) or on tf.matmul (recurrent=matmul), and
+vector kernels (recurrent=kernels) or on tf.matmul (recurrent=matmul), and
 whether the softmax layer ran on its kernel (softmax=kernel) or on
 TensorFlow's softmax (softmax=ops; ptb/kernels.py).
 

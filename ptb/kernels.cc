@@ -1,19 +1,38 @@
-// AVX-512 kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
+// Vector kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
 // with M (the batch) small, and the softmax layer's cross-entropy over the
-// logits (SoftmaxCrossEntropy, at the end). kernels.py says why and
-// builds them.
+// logits (SoftmaxCrossEntropy). kernels.py says why and builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
 // 32 columns, each [K, 32] contiguous; PanelMatMul then reads each panel as
-// one stream and keeps a 10-row x 32-column tile of the product in 20
-// AVX-512 registers for the whole K loop. While it works on a panel it
-// prefetches the next one, spread evenly over its passes (one per 10 rows).
+// one stream and keeps a tile of the product, a few rows x 32 columns, in
+// registers for the whole K loop. While it works on a panel it prefetches
+// the next one, spread over its first passes (one pass per tile of rows).
+//
+// The kernels are written once, over a small vector layer `V` (below), and
+// compiled once per vector width, each copy with its own target:
+//   avx512: 16 floats a register, 32 registers: tiles of 10 rows x 2
+//           vectors (20 accumulators), masked tails in mask registers;
+//   avx2:   8 floats a register (AVX2 with FMA), 16 registers: tiles of
+//           3 rows x 4 vectors (12 accumulators, the broadcast and the
+//           panel's vectors in the other 4), tails through lane masks.
+// The file includes itself for that: the first pass (PTB_KERNELS_BODY
+// undefined) holds the common code and the ops and includes the second part
+// (the kernels over V) twice, in a `#pragma GCC target` region and a
+// namespace per width. A template over the width could not do it: GCC takes
+// a function's target from its definition, and intrinsics inline only into
+// functions of their target. The ops pick the width when they are
+// constructed (attribute isa, or $PTB_KERNEL_ISA, or the widest this CPU
+// has) and refuse one that the CPU cannot run.
+#ifndef PTB_KERNELS_BODY
+
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <string>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -23,104 +42,8 @@
 namespace tensorflow {
 namespace {
 
-constexpr int64_t kPanel = 32;     // columns per panel: two 16-float registers
-constexpr int kRows = 10;          // rows per tile: 20 accumulators
+constexpr int64_t kPanel = 32;     // columns per panel
 constexpr int64_t kPrefetch = 32;  // panel rows (of 128 bytes) ahead
-
-// c[:R, :32] = a[:R, :] @ panel + x[:R, :32] for one panel [K, 32],
-// the columns beyond the matrix masked off by m0 (first 16) and m1. At each
-// k it also prefetches kLines cache lines from `next` on (see PanelTiles).
-template <int R, int kLines>
-__attribute__((target("avx512f"))) void Tile(
-    const float* a, int64_t lda, const float* panel, int64_t K,
-    const float* x, float* c, int64_t ldc, __mmask16 m0, __mmask16 m1,
-    uintptr_t next) {
-  __m512 acc0[R], acc1[R];
-  for (int r = 0; r < R; ++r) {
-    acc0[r] = _mm512_setzero_ps();
-    acc1[r] = _mm512_setzero_ps();
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    // Addresses, not pointers: the prefetches of the last rows and of the
-    // last panel's successor point past the panels, which is harmless.
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(panel) +
-                            sizeof(float) * kPanel * (k + kPrefetch);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
-    const uintptr_t line = next + 64 * kLines * k;
-    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
-    if (kLines == 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
-    }
-    const __m512 b0 = _mm512_loadu_ps(panel + kPanel * k);
-    const __m512 b1 = _mm512_loadu_ps(panel + kPanel * k + 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * lda + k]);
-      acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-      acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    const float* xr = x + r * ldc;
-    float* cr = c + r * ldc;
-    const __m512 x0 = _mm512_maskz_loadu_ps(m0, xr);
-    const __m512 x1 = _mm512_maskz_loadu_ps(m1, xr + 16);
-    _mm512_mask_storeu_ps(cr, m0, _mm512_add_ps(acc0[r], x0));
-    _mm512_mask_storeu_ps(cr + 16, m1, _mm512_add_ps(acc1[r], x1));
-  }
-}
-
-// All M rows of a against one panel, in tiles of kRows rows.
-//
-// The panels stream from L3 or memory. Prefetching only a panel's own rows
-// ahead, the first tile's pass waited for memory (its 20 products per row
-// of 128 bytes outrun one core's stream) while the second, from L2, did
-// not; the product took 1.2x (medium) to 1.4x (large) as long as with the
-// next panel's 2K lines spread over all the passes of this one, one line per
-// row and pass (two with a single pass). The rows ahead of each pass are
-// still prefetched too (without that, medium's product took 1.06x as long
-// again: each shard's first panel, and L2 to L1); with no software
-// prefetch at all it had taken 1.25x as long.
-template <int kLines>
-void PanelTiles(const float* a, int64_t M, int64_t K, const float* panel,
-                const float* x, float* c, int64_t ldc, __mmask16 m0,
-                __mmask16 m1, uintptr_t next) {
-  int64_t m = 0;
-  for (; m + kRows <= M; m += kRows, next += 64 * kLines * K) {
-    Tile<kRows, kLines>(a + m * K, K, panel, K, x + m * ldc, c + m * ldc,
-                        ldc, m0, m1, next);
-  }
-  const float* ar = a + m * K;
-  const float* xr = x + m * ldc;
-  float* cr = c + m * ldc;
-  switch (M - m) {
-#define PTB_TILE_CASE(n)                                                 \
-  case n:                                                                \
-    Tile<n, kLines>(ar, K, panel, K, xr, cr, ldc, m0, m1, next);         \
-    break;
-    PTB_TILE_CASE(1) PTB_TILE_CASE(2) PTB_TILE_CASE(3) PTB_TILE_CASE(4)
-    PTB_TILE_CASE(5) PTB_TILE_CASE(6) PTB_TILE_CASE(7) PTB_TILE_CASE(8)
-    PTB_TILE_CASE(9)
-#undef PTB_TILE_CASE
-  }
-}
-
-void PanelRows(const float* a, int64_t M, int64_t K, const float* panel,
-               const float* x, float* c, int64_t ldc, __mmask16 m0,
-               __mmask16 m1) {
-  const uintptr_t next =
-      reinterpret_cast<uintptr_t>(panel) + sizeof(float) * K * kPanel;
-  if (M <= kRows) {
-    PanelTiles<2>(a, M, K, panel, x, c, ldc, m0, m1, next);
-  } else {
-    PanelTiles<1>(a, M, K, panel, x, c, ldc, m0, m1, next);
-  }
-}
-
-__mmask16 Mask(int64_t n) {
-  if (n >= 16) return __mmask16(0xFFFF);
-  return n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
 
 int64_t NumPanels(int64_t n) { return (n + kPanel - 1) / kPanel; }
 
@@ -128,6 +51,221 @@ void Parallel(OpKernelContext* ctx, int64_t units, int64_t cost,
               const std::function<void(int64_t, int64_t)>& work) {
   auto* threads = ctx->device()->tensorflow_cpu_worker_threads();
   Shard(threads->num_threads, threads->workers, units, cost, work);
+}
+
+// The kernels' signatures, the same for every width.
+using PanelRowsFn = void (*)(const float* a, int64_t M, int64_t K,
+                             const float* panel, const float* x, float* c,
+                             int64_t ldc, int64_t width);
+using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
+                            int64_t label, float* out);
+
+// Stands for a whole vector where the kernels take a tail's lane mask.
+struct Full {};
+
+}  // namespace
+}  // namespace tensorflow
+
+#define PTB_KERNELS_BODY
+
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace tensorflow {
+namespace {
+namespace avx512 {
+
+struct V {
+  using T = __m512;
+  using Mask = __mmask16;   // the lanes of a partial vector
+  using Flags = __mmask16;  // lanes seen NaN
+  static constexpr int kWidth = 16;
+  static constexpr int kRows = 10;  // 20 accumulators of the 32 registers
+
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Set1(float x) { return _mm512_set1_ps(x); }
+  static T Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static Mask FirstLanes(int64_t n) {
+    if (n >= kWidth) return Mask(0xFFFF);
+    return n <= 0 ? Mask(0) : Mask((1u << n) - 1);
+  }
+  static T LoadMasked(const float* p, Mask m) {
+    return _mm512_maskz_loadu_ps(m, p);
+  }
+  static void StoreMasked(float* p, T v, Mask m) {
+    _mm512_mask_storeu_ps(p, m, v);
+  }
+  static T Add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T Sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T Mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  // max returns its second operand when one is NaN.
+  static T Max(T a, T b) { return _mm512_max_ps(a, b); }
+  static T MaxMasked(T acc, T z, Mask m) {
+    return _mm512_mask_max_ps(acc, m, acc, z);
+  }
+  static T ZeroOutside(T v, Mask m) { return _mm512_maskz_mov_ps(m, v); }
+  static T FMAdd(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T FNMAdd(T a, T b, T c) { return _mm512_fnmadd_ps(a, b, c); }
+  static T Round(T x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT |
+                                       _MM_FROUND_NO_EXC);
+  }
+  // y 2^n for integral n.
+  static T Scale2(T y, T n) { return _mm512_scalef_ps(y, n); }
+  static Flags NoFlags() { return 0; }
+  static Flags FlagNan(Flags f, T z) {
+    return f | _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+  }
+  static bool Any(Flags f) { return f != 0; }
+  static float ReduceMax(T v) { return _mm512_reduce_max_ps(v); }
+  static float ReduceAdd(T v) { return _mm512_reduce_add_ps(v); }
+};
+
+#include __FILE__
+
+}  // namespace avx512
+}  // namespace
+}  // namespace tensorflow
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace tensorflow {
+namespace {
+namespace avx2 {
+
+struct V {
+  using T = __m256;
+  // AVX2 has no mask registers: a lane is in when its int is all ones,
+  // as _mm256_maskload_ps and _mm256_maskstore_ps take it.
+  using Mask = __m256i;
+  using Flags = __m256;
+  static constexpr int kWidth = 8;
+  // 12 accumulators of the 16 registers: 3 rows x 4 vectors (a panel row),
+  // the other 4 for the broadcast of a and the panel's vectors.
+  static constexpr int kRows = 3;
+
+  static T Zero() { return _mm256_setzero_ps(); }
+  static T Set1(float x) { return _mm256_set1_ps(x); }
+  static T Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static Mask FirstLanes(int64_t n) {
+    const int lanes = static_cast<int>(std::max<int64_t>(
+        0, std::min<int64_t>(n, kWidth)));
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static T LoadMasked(const float* p, Mask m) {
+    return _mm256_maskload_ps(p, m);
+  }
+  static void StoreMasked(float* p, T v, Mask m) {
+    _mm256_maskstore_ps(p, m, v);
+  }
+  static T Add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T Sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T Mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  // max returns its second operand when one is NaN.
+  static T Max(T a, T b) { return _mm256_max_ps(a, b); }
+  static T MaxMasked(T acc, T z, Mask m) {
+    return _mm256_blendv_ps(acc, _mm256_max_ps(acc, z),
+                            _mm256_castsi256_ps(m));
+  }
+  static T ZeroOutside(T v, Mask m) {
+    return _mm256_and_ps(v, _mm256_castsi256_ps(m));
+  }
+  static T FMAdd(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T FNMAdd(T a, T b, T c) { return _mm256_fnmadd_ps(a, b, c); }
+  static T Round(T x) {
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // y 2^n for integral n, as scalef does it: AVX2 has no scalef, so the
+  // power is built in the exponent bits. n reaches -150 (exp's clamp) and
+  // 128, beyond a normal float's exponent, so it is applied in two halves
+  // of at most 75: y 2^h is exact (y is near 1) and the second product
+  // rounds once, to a denormal where the result is one, as scalef does.
+  // A NaN n makes garbage powers, but then y is NaN too.
+  static T Scale2(T y, T n) {
+    const __m256i i = _mm256_cvtps_epi32(n);
+    const __m256i h = _mm256_srai_epi32(i, 1);
+    return _mm256_mul_ps(_mm256_mul_ps(y, Pow2(h)),
+                         Pow2(_mm256_sub_epi32(i, h)));
+  }
+  static Flags NoFlags() { return _mm256_setzero_ps(); }
+  static Flags FlagNan(Flags f, T z) {
+    return _mm256_or_ps(f, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+  }
+  static bool Any(Flags f) { return _mm256_movemask_ps(f) != 0; }
+  static float ReduceMax(T v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v),
+                          _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+  }
+  static float ReduceAdd(T v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v),
+                          _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  }
+
+ private:
+  // 2^e for -126 <= e <= 127.
+  static T Pow2(__m256i e) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+  }
+};
+
+#include __FILE__
+
+}  // namespace avx2
+}  // namespace
+}  // namespace tensorflow
+#pragma GCC pop_options
+
+#undef PTB_KERNELS_BODY
+
+namespace tensorflow {
+namespace {
+
+// The width that an op with attribute `isa` runs: avx512 or avx2, or for
+// auto $PTB_KERNEL_ISA if set, else the widest this CPU runs. An error if
+// the CPU cannot run it (or $PTB_KERNEL_ISA names no width).
+Status ChooseWidth(OpKernelConstruction* ctx, const char* op, bool* wide) {
+  std::string isa;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("isa", &isa));
+  const char* source = "isa";
+  if (isa == "auto") {
+    const char* env = std::getenv("PTB_KERNEL_ISA");
+    isa = env == nullptr ? "" : env;
+    source = "PTB_KERNEL_ISA";
+  }
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa.empty()) {
+    if (!avx512 && !avx2) {
+      return errors::Unimplemented(
+          op, " needs a CPU with AVX-512 or with AVX2 and FMA");
+    }
+    *wide = avx512;
+  } else if (isa == "avx512") {
+    if (!avx512) {
+      return errors::Unimplemented(op, ": ", source,
+                                   " is avx512 but the CPU has no AVX-512");
+    }
+    *wide = true;
+  } else if (isa == "avx2") {
+    if (!avx2) {
+      return errors::Unimplemented(
+          op, ": ", source, " is avx2 but the CPU has no AVX2 with FMA");
+    }
+    *wide = false;
+  } else {
+    return errors::InvalidArgument(op, ": ", source, " is \"", isa,
+                                   "\", not avx512 or avx2");
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -213,6 +351,7 @@ REGISTER_OP("PanelMatMul")
     .Input("a: float")
     .Input("panels: float")
     .Input("addend: float")
+    .Attr("isa: {'auto', 'avx512', 'avx2'} = 'auto'")
     .Output("c: float")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(2));
@@ -220,13 +359,16 @@ REGISTER_OP("PanelMatMul")
     })
     .Doc(R"doc(
 c [M, N] = a [M, K] @ B + addend, B [K, N] given as PackPanels' panels.
+isa: the vector width, avx512 or avx2; auto: $PTB_KERNEL_ISA if set, else
+the widest this CPU has.
 )doc");
 
 class PanelMatMulOp : public OpKernel {
  public:
   explicit PanelMatMulOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES(ctx, __builtin_cpu_supports("avx512f"),
-                errors::Unimplemented("PanelMatMul needs a CPU with AVX-512"));
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "PanelMatMul", &wide));
+    rows_ = wide ? &avx512::PanelRows : &avx2::PanelRows;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -253,88 +395,26 @@ class PanelMatMulOp : public OpKernel {
     const float* xp = addend.flat<float>().data();
     float* cp = c->flat<float>().data();
     const int64_t cost = 2 * M * K * kPanel;
+    const PanelRowsFn rows = rows_;
     Parallel(ctx, NumPanels(N), cost, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        const int64_t n0 = p * kPanel, width = N - n0;
-        PanelRows(ap, M, K, pp + p * K * kPanel, xp + n0, cp + n0, N,
-                  Mask(width), Mask(width - 16));
+        const int64_t n0 = p * kPanel;
+        rows(ap, M, K, pp + p * K * kPanel, xp + n0, cp + n0, N, N - n0);
       }
     });
   }
+
+ private:
+  PanelRowsFn rows_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("PanelMatMul").Device(DEVICE_CPU), PanelMatMulOp);
-
-namespace {
-
-// exp(x) for x <= 88.7, 16 lanes: Cephes' expf (2^n e^r with |r| <= ln2 / 2
-// and a degree-7 polynomial for e^r). x under -103.9 counts as -103.9,
-// where exp is the smallest denormal float; NaN stays NaN.
-__attribute__((target("avx512f"))) __m512 Exp(__m512 x) {
-  // max returns its second operand when one is NaN: x, so NaN stays NaN.
-  x = _mm512_max_ps(_mm512_set1_ps(-103.9f), x);
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), r);
-  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
-}
-
-// One row: z = logits + b, written to out; then out = softmax(z) - onehot.
-// Returns the loss logsumexp(z) - z[label]. The row (40 KB for 10,000
-// words) stays in L1 between the three passes. A NaN in z makes the whole
-// row NaN, loss included, as TensorFlow's softmax does (the training loop
-// stops on a NaN cost).
-__attribute__((target("avx512f"))) float XentRow(const float* logits,
-                                                  const float* b, int64_t V,
-                                                  int64_t label, float* out) {
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  __mmask16 nan = 0;
-  for (int64_t v = 0; v < V; v += 16) {
-    const __mmask16 m = Mask(V - v);
-    const __m512 z = _mm512_add_ps(_mm512_maskz_loadu_ps(m, logits + v),
-                                   _mm512_maskz_loadu_ps(m, b + v));
-    _mm512_mask_storeu_ps(out + v, m, z);
-    mx = _mm512_mask_max_ps(mx, m, mx, z);
-    nan |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
-  }
-  const float top = nan ? NAN : _mm512_reduce_max_ps(mx);
-  const float target = out[label];
-  const __m512 t = _mm512_set1_ps(top);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t v = 0; v < V; v += 16) {
-    const __mmask16 m = Mask(V - v);
-    const __m512 e = _mm512_maskz_mov_ps(
-        m, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, out + v), t)));
-    _mm512_mask_storeu_ps(out + v, m, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  const float total = _mm512_reduce_add_ps(sum);
-  const __m512 scale = _mm512_set1_ps(1.0f / total);
-  for (int64_t v = 0; v < V; v += 16) {
-    const __mmask16 m = Mask(V - v);
-    _mm512_mask_storeu_ps(
-        out + v, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, out + v), scale));
-  }
-  out[label] -= 1.0f;
-  return std::log(total) + (top - target);
-}
-
-}  // namespace
 
 REGISTER_OP("SoftmaxCrossEntropy")
     .Input("logits: float")
     .Input("b: float")
     .Input("labels: int32")
+    .Attr("isa: {'auto', 'avx512', 'avx2'} = 'auto'")
     .Output("loss: float")
     .Output("d_logits: float")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
@@ -346,14 +426,16 @@ REGISTER_OP("SoftmaxCrossEntropy")
 With z = logits [N, V] + b [V]: loss[n] = logsumexp(z[n]) - z[n, labels[n]]
 and d_logits = softmax(z) - onehot(labels), the gradient of sum(loss) by z.
 d_logits takes the logits' buffer when nothing else holds it.
+isa: the vector width, avx512 or avx2; auto: $PTB_KERNEL_ISA if set, else
+the widest this CPU has.
 )doc");
 
 class SoftmaxCrossEntropyOp : public OpKernel {
  public:
   explicit SoftmaxCrossEntropyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES(
-        ctx, __builtin_cpu_supports("avx512f"),
-        errors::Unimplemented("SoftmaxCrossEntropy needs a CPU with AVX-512"));
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "SoftmaxCrossEntropy", &wide));
+    row_ = wide ? &avx512::XentRow : &avx2::XentRow;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -385,15 +467,207 @@ class SoftmaxCrossEntropyOp : public OpKernel {
     const float* bp = b.flat<float>().data();
     float* out = d_logits->flat<float>().data();
     float* lossp = loss->flat<float>().data();
+    const XentRowFn row = row_;
     Parallel(ctx, N, 20 * V, [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
-        lossp[n] = XentRow(in + n * V, bp, V, lp(n), out + n * V);
+        lossp[n] = row(in + n * V, bp, V, lp(n), out + n * V);
       }
     });
   }
+
+ private:
+  XentRowFn row_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropy").Device(DEVICE_CPU),
                         SoftmaxCrossEntropyOp);
 
 }  // namespace tensorflow
+
+#else  // PTB_KERNELS_BODY
+// The kernels over the vector layer V of the namespace that includes this:
+// written once, compiled once per width.
+
+using T = V::T;
+using Mask = V::Mask;
+
+constexpr int kW = V::kWidth;
+constexpr int kRows = V::kRows;
+constexpr int kVectors = kPanel / kW;  // vectors per panel row
+static_assert(kPanel % kW == 0, "a panel row is whole vectors");
+
+// A vector at p, or its first lanes (the others zero).
+T LoadPart(const float* p, Full) { return V::Load(p); }
+T LoadPart(const float* p, Mask m) { return V::LoadMasked(p, m); }
+void StorePart(float* p, T v, Full) { V::Store(p, v); }
+void StorePart(float* p, T v, Mask m) { V::StoreMasked(p, v, m); }
+// max(acc, z) in the lanes of the part, acc in the others.
+T MaxPart(T acc, T z, Full) { return V::Max(acc, z); }
+T MaxPart(T acc, T z, Mask m) { return V::MaxMasked(acc, z, m); }
+// v in the lanes of the part, zero in the others.
+T KeepPart(T v, Full) { return v; }
+T KeepPart(T v, Mask m) { return V::ZeroOutside(v, m); }
+
+// body(i, part) for the vectors of [0, n): whole ones (part Full), then the
+// tail's lanes (part a Mask), unmasked where masks are not free.
+template <class F>
+void ForVectors(int64_t n, F&& body) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) body(i, Full());
+  if (i < n) body(i, V::FirstLanes(n - i));
+}
+
+// c[:R, :32] = a[:R, :] @ panel + x[:R, :32] for one panel [K, 32],
+// the columns beyond the matrix masked off by masks (one per vector). At
+// each k it also prefetches kLines cache lines from `next` on (see
+// PanelTiles).
+template <int R, int kLines>
+void Tile(const float* a, int64_t lda, const float* panel, int64_t K,
+          const float* x, float* c, int64_t ldc, const Mask* masks,
+          uintptr_t next) {
+  T acc[R][kVectors];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < kVectors; ++j) acc[r][j] = V::Zero();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    // Addresses, not pointers: the prefetches of the last rows and of the
+    // last panel's successor point past the panels, which is harmless.
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(panel) +
+                            sizeof(float) * kPanel * (k + kPrefetch);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
+    const uintptr_t line = next + 64 * kLines * k;
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+    if (kLines == 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
+    }
+    T b[kVectors];
+    for (int j = 0; j < kVectors; ++j) {
+      b[j] = V::Load(panel + kPanel * k + kW * j);
+    }
+    for (int r = 0; r < R; ++r) {
+      const T av = V::Set1(a[r * lda + k]);
+      for (int j = 0; j < kVectors; ++j) {
+        acc[r][j] = V::FMAdd(av, b[j], acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + r * ldc;
+    float* cr = c + r * ldc;
+    for (int j = 0; j < kVectors; ++j) {
+      const T xj = V::LoadMasked(xr + kW * j, masks[j]);
+      V::StoreMasked(cr + kW * j, V::Add(acc[r][j], xj), masks[j]);
+    }
+  }
+}
+
+// The last rows < kRows, as a tile of R rows for R = rows.
+template <int R, int kLines>
+void TailTile(int64_t rows, const float* a, int64_t K, const float* panel,
+              const float* x, float* c, int64_t ldc, const Mask* masks,
+              uintptr_t next) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      Tile<R, kLines>(a, K, panel, K, x, c, ldc, masks, next);
+    } else {
+      TailTile<R - 1, kLines>(rows, a, K, panel, x, c, ldc, masks, next);
+    }
+  }
+}
+
+// All M rows of a against one panel, in tiles of kRows rows.
+//
+// The panels stream from L3 or memory. Prefetching only a panel's own rows
+// ahead, the first tile's pass waited for memory (its products per row of
+// 128 bytes outrun one core's stream) while the second, from L2, did not;
+// so the next panel's 2K lines are prefetched too, one line per row and
+// pass over the first two passes (both lines with a single pass). Further
+// passes (more rows than two tiles) prefetch the next panel again, which is
+// then cached: nothing beyond the next panel is fetched. The rows ahead of
+// each pass are still prefetched (each shard's first panel, and L2 to L1).
+template <int kLines>
+void PanelTiles(const float* a, int64_t M, int64_t K, const float* panel,
+                const float* x, float* c, int64_t ldc, const Mask* masks,
+                uintptr_t next) {
+  // Passes that cover the next panel's 2K lines, kLines lines per row.
+  constexpr int64_t kCover = 2 / kLines;
+  const uintptr_t stride = 64 * kLines * K;
+  int64_t m = 0, pass = 0;
+  for (; m + kRows <= M; m += kRows, ++pass) {
+    Tile<kRows, kLines>(a + m * K, K, panel, K, x + m * ldc, c + m * ldc,
+                        ldc, masks, next + stride * (pass % kCover));
+  }
+  TailTile<kRows - 1, kLines>(M - m, a + m * K, K, panel, x + m * ldc,
+                              c + m * ldc, ldc, masks,
+                              next + stride * (pass % kCover));
+}
+
+// c[:, :width] of one panel (width beyond 32 counts as 32); a PanelRowsFn.
+void PanelRows(const float* a, int64_t M, int64_t K, const float* panel,
+               const float* x, float* c, int64_t ldc, int64_t width) {
+  Mask masks[kVectors];
+  for (int j = 0; j < kVectors; ++j) masks[j] = V::FirstLanes(width - kW * j);
+  const uintptr_t next =
+      reinterpret_cast<uintptr_t>(panel) + sizeof(float) * K * kPanel;
+  if (M <= kRows) {
+    PanelTiles<2>(a, M, K, panel, x, c, ldc, masks, next);
+  } else {
+    PanelTiles<1>(a, M, K, panel, x, c, ldc, masks, next);
+  }
+}
+
+// exp(x) for x <= 88.7: Cephes' expf (2^n e^r with |r| <= ln2 / 2 and a
+// degree-7 polynomial for e^r). x under -103.9 counts as -103.9, where exp
+// is the smallest denormal float; NaN stays NaN.
+T Exp(T x) {
+  // max returns its second operand when one is NaN: x, so NaN stays NaN.
+  x = V::Max(V::Set1(-103.9f), x);
+  const T n = V::Round(V::Mul(x, V::Set1(1.44269504088896341f)));
+  T r = V::FNMAdd(n, V::Set1(0.693359375f), x);
+  r = V::FNMAdd(n, V::Set1(-2.12194440e-4f), r);
+  T y = V::Set1(1.9875691500e-4f);
+  y = V::FMAdd(y, r, V::Set1(1.3981999507e-3f));
+  y = V::FMAdd(y, r, V::Set1(8.3334519073e-3f));
+  y = V::FMAdd(y, r, V::Set1(4.1665795894e-2f));
+  y = V::FMAdd(y, r, V::Set1(1.6666665459e-1f));
+  y = V::FMAdd(y, r, V::Set1(5.0000001201e-1f));
+  y = V::FMAdd(y, V::Mul(r, r), r);
+  y = V::Add(y, V::Set1(1.0f));
+  return V::Scale2(y, n);
+}
+
+// One row of n logits: z = logits + b, written to out; then out =
+// softmax(z) - onehot. Returns the loss logsumexp(z) - z[label]; a
+// XentRowFn. The row (40 KB for 10,000 words) stays in L1 between the three
+// passes. A NaN in z makes the whole row NaN, loss included, as
+// TensorFlow's softmax does (the training loop stops on a NaN cost).
+float XentRow(const float* logits, const float* b, int64_t n, int64_t label,
+              float* out) {
+  T mx = V::Set1(-INFINITY);
+  V::Flags nan = V::NoFlags();
+  ForVectors(n, [&](int64_t i, auto part) {
+    const T z = V::Add(LoadPart(logits + i, part), LoadPart(b + i, part));
+    StorePart(out + i, z, part);
+    mx = MaxPart(mx, z, part);
+    nan = V::FlagNan(nan, z);
+  });
+  const float top = V::Any(nan) ? NAN : V::ReduceMax(mx);
+  const float target = out[label];
+  const T t = V::Set1(top);
+  T sum = V::Zero();
+  ForVectors(n, [&](int64_t i, auto part) {
+    const T e = KeepPart(Exp(V::Sub(LoadPart(out + i, part), t)), part);
+    StorePart(out + i, e, part);
+    sum = V::Add(sum, e);
+  });
+  const float total = V::ReduceAdd(sum);
+  const T scale = V::Set1(1.0f / total);
+  ForVectors(n, [&](int64_t i, auto part) {
+    StorePart(out + i, V::Mul(LoadPart(out + i, part), scale), part);
+  });
+  out[label] -= 1.0f;
+  return std::log(total) + (top - target);
+}
+
+#endif  // PTB_KERNELS_BODY

@@ -1,12 +1,12 @@
-"""AVX-512 kernels for the LSTM's recurrent products and the softmax layer.
+"""Vector kernels for the LSTM's recurrent products and the softmax layer.
 
 Every step of an LSTM layer multiplies a `[batch, K]` state by a `[K, N]`
 weight matrix (h @ w_h forward, d_gates @ w_h^T backward) with batch = 20.
 oneDNN's general GEMM re-packs the weights at every call and its register
 tile is made for more rows. `kernels.cc` packs the weights once per
 training step into panels of 32 columns (PackPanels) and streams them
-through a 10-row x 32-column register tile, prefetching the next panel
-while it works on the current one (PanelMatMul).
+through a register tile of a few rows x 32 columns, prefetching the next
+panel while it works on the current one (PanelMatMul).
 
 The softmax layer's logits `[N, 10000]` come from one large matmul, which
 oneDNN does well; what follows it were passes over them, each reading and
@@ -14,21 +14,28 @@ writing all of them: the bias, the softmax, then p - onehot.
 SoftmaxCrossEntropy does all of it a row at a time, in place, while the row
 is in the L1 cache, with the loss.
 
+The kernels are written once over the vector width and compiled for two:
+AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32
+columns: 16 registers of 8 floats). They run the widest the CPU has, or the
+one PTB_KERNEL_ISA names (`avx512` or `avx2`: AVX2 code on an AVX-512 CPU,
+for tests and comparisons); `kernel_isa()` says which.
+
 TensorFlow has no such kernels, so they are compiled here, once per machine
 and TensorFlow version, with the C++ compiler ($CXX, else g++) against the
 headers that the tensorflow wheel ships, and cached in $PTB_KERNEL_DIR
-(default ~/.cache/ptb_word_lm). Without a compiler, without AVX-512, or
+(default ~/.cache/ptb_word_lm). Without a compiler, on a CPU with neither
+AVX-512 nor AVX2 and FMA, with a PTB_KERNEL_ISA that the CPU cannot run, or
 with PTB_LSTM_KERNELS=0 the model uses tf.matmul for these products and
 TensorFlow's softmax: the same mathematics, a little slower. `load()` says
-which, once, in the log.
+which, and which width, once, in the log.
 
-Building and loading need no AVX-512: the source is compiled without
--mavx512f, its AVX-512 functions carry their own target attribute, so the
-library compiles and its ops register on any x86-64 CPU; only PanelMatMul
-and SoftmaxCrossEntropy run AVX-512 code (and refuse to run without it;
-PackPanels is plain C++). `load_library()` builds and loads the library
-wherever there is a compiler, for tests and tools; `load()`, which the model
-calls, adds the checks of where the ops can run.
+Building and loading need neither: the source is compiled without -mavx2 or
+-mavx512f, each width's functions carry their own target, so the library
+compiles and its ops register on any x86-64 CPU; only PanelMatMul and
+SoftmaxCrossEntropy run vector code, and they refuse a width that the CPU
+cannot run (PackPanels is plain C++). `load_library()` builds and loads the
+library wherever there is a compiler, for tests and tools; `load()`, which
+the model calls, adds the checks of where the ops can run.
 
 Nothing here reads flags or builds models.
 """
@@ -66,16 +73,69 @@ def cache_dir():
   return os.path.join(base, "ptb_word_lm")
 
 
-def cpu_has_avx512(cpuinfo="/proc/cpuinfo"):
-  """True if `cpuinfo` lists the avx512f CPU flag (False if unreadable)."""
+# The vector widths of the kernels, widest first, and the CPU flags that
+# each needs (as /proc/cpuinfo spells them).
+ISAS = ("avx512", "avx2")
+_ISA_FLAGS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma")}
+_ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2 with FMA"}
+
+
+def _cpu_flags(cpuinfo):
   try:
     with open(cpuinfo) as f:
       for line in f:
         if line.startswith("flags"):
-          return "avx512f" in line.split()
+          return set(line.split())
   except OSError:
     pass
-  return False
+  return set()
+
+
+def cpu_isas(cpuinfo="/proc/cpuinfo"):
+  """The kernels' vector widths that this CPU can run, widest first.
+
+  Args:
+    cpuinfo: the file that lists the CPU flags.
+
+  Returns:
+    A tuple of names from `ISAS`: "avx512" with the avx512f flag, "avx2"
+    with both avx2 and fma; empty if the file cannot be read.
+  """
+  flags = _cpu_flags(cpuinfo)
+  return tuple(isa for isa in ISAS
+               if all(flag in flags for flag in _ISA_FLAGS[isa]))
+
+
+def cpu_has_avx512(cpuinfo="/proc/cpuinfo"):
+  """True if `cpuinfo` lists the avx512f CPU flag (False if unreadable)."""
+  return "avx512" in cpu_isas(cpuinfo)
+
+
+def kernel_isa():
+  """The vector width that the ops run here, and why not if none.
+
+  PTB_KERNEL_ISA (`avx512` or `avx2`) chooses the width; unset or empty,
+  the widest that `cpu_isas()` lists. The ops (kernels.cc) choose the same
+  way from the same variable and the CPU itself.
+
+  Returns:
+    (isa, None) with isa one of `ISAS`, or (None, reason) if no width can
+    run: the CPU has none, or PTB_KERNEL_ISA names an unknown width or one
+    that the CPU lacks.
+  """
+  available = cpu_isas()
+  wanted = os.environ.get("PTB_KERNEL_ISA", "")
+  if not wanted:
+    if available:
+      return available[0], None
+    return None, "the CPU has neither AVX-512 nor AVX2 with FMA"
+  if wanted not in ISAS:
+    return None, "PTB_KERNEL_ISA=%s is not one of %s" % (
+        wanted, ", ".join(ISAS))
+  if wanted not in available:
+    return None, "PTB_KERNEL_ISA=%s but the CPU has no %s" % (
+        wanted, _ISA_NAMES[wanted])
+  return wanted, None
 
 
 def _compiler():
@@ -167,18 +227,20 @@ def load_library():
 def load():
   """The kernels' op library, or None if the model cannot use them here.
 
-  None with PTB_LSTM_KERNELS=0, on a CPU without AVX-512 (the ops would
-  refuse to run; nothing is built then) or if the build or the loading
-  fails. Decided once per process; the reason for None is logged once as a
-  warning and returned by `unavailable_reason()`.
+  None with PTB_LSTM_KERNELS=0, where no vector width can run (see
+  `kernel_isa()`: the ops would refuse to run; nothing is built then) or if
+  the build or the loading fails. Decided once per process; the width used
+  is logged once, or the reason for None once as a warning and returned by
+  `unavailable_reason()`.
   """
   if not _state["loaded"]:
     _state["loaded"] = True
+    isa = None
     if os.environ.get("PTB_LSTM_KERNELS", "1") == "0":
       _state["reason"] = "disabled by PTB_LSTM_KERNELS=0"
-    elif not cpu_has_avx512():
-      _state["reason"] = "the CPU has no AVX-512"
     else:
+      isa, _state["reason"] = kernel_isa()
+    if isa is not None:
       try:
         _state["library"] = load_library()
       except (RuntimeError, OSError, tf.errors.OpError) as e:
@@ -187,6 +249,11 @@ def load():
       logging.warning("LSTM kernels not used (%s); the recurrent products "
                       "use tf.matmul and the softmax layer TensorFlow's "
                       "softmax.", _state["reason"])
+    else:
+      logging.info("LSTM kernels use %s (%s).", _ISA_NAMES[isa],
+                   "PTB_KERNEL_ISA=%s" % isa
+                   if os.environ.get("PTB_KERNEL_ISA")
+                   else "the widest this CPU has")
   return _state["library"]
 
 

@@ -1,14 +1,18 @@
-"""Tests of the AVX-512 recurrent-product kernels and of their use.
+"""Tests of the vector kernels (recurrent products, softmax) and of their use.
 
 Building, loading (op registration), the cache and the fallback after a
 failed build are tested on any CPU with a C++ compiler: the library is
-compiled without -mavx512f, so it builds and loads everywhere. Only the tests
-that run AVX-512 code (PanelMatMul, SoftmaxCrossEntropy, the model with the
-kernels) skip on a CPU without AVX-512. PTB_TEST_NO_AVX512=1 runs this module
-as on such a CPU (`kernels.cpu_has_avx512` returns False), to check
-from a machine with AVX-512 what runs and what skips there.
+compiled without -mavx2 or -mavx512f, so it builds and loads everywhere. The
+tests that run vector code (PanelMatMul, SoftmaxCrossEntropy, the model with
+the kernels) run once for every width the CPU can execute (AVX-512 and AVX2
+on an AVX-512 CPU), through the ops' attribute isa or PTB_KERNEL_ISA; they
+skip only on a CPU with neither AVX-512 nor AVX2 and FMA.
+PTB_TEST_NO_AVX512=1 runs this module as on a CPU with AVX2 but no AVX-512
+(`kernels.cpu_isas` sees no avx512 flag, PTB_KERNEL_ISA=avx2), to check from
+a machine with AVX-512 what runs there.
 """
 
+import contextlib
 import os
 import shutil
 import stat
@@ -26,13 +30,35 @@ from ptb import softmax
 from ptb.config import BASIC, BLOCK
 import util
 
-_NO_AVX512 = "the CPU has no AVX-512, which running these ops needs"
+_NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
+               "running these ops needs")
+_NO_WIDTH = "the CPU has neither AVX-512 nor AVX2 with FMA"
 _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy")
-# The function itself, for testCpuFlagsAreRead: PTB_TEST_NO_AVX512 replaces
-# the module's attribute.
 _cpu_has_avx512 = kernels.cpu_has_avx512
+_cpu_isas = kernels.cpu_isas
+_read_flags = kernels._cpu_flags   # pylint: disable=protected-access
 _module = {}
+
+
+def _flags_without_avx512(cpuinfo):
+  """This CPU's flags less AVX-512's (other files' flags as they are)."""
+  flags = _read_flags(cpuinfo)
+  if cpuinfo == "/proc/cpuinfo":
+    flags = {f for f in flags if not f.startswith("avx512")}
+  return flags
+
+
+def _environ(**values):
+  """Patches os.environ: a value of None removes the variable."""
+  patch = mock.patch.dict(os.environ)
+  patch.start()
+  for name, value in values.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+  return patch
 
 
 def setUpModule():
@@ -40,15 +66,18 @@ def setUpModule():
   _module["dir"] = tempfile.mkdtemp(prefix="ptb_kernels_")
   os.environ["PTB_KERNEL_DIR"] = _module["dir"]
   if os.environ.get("PTB_TEST_NO_AVX512") == "1":
-    _module["cpu"] = mock.patch.object(kernels, "cpu_has_avx512",
-                                       return_value=False)
+    # The ops' own choice (isa auto) follows PTB_KERNEL_ISA, not the patch.
+    _module["cpu"] = mock.patch.object(kernels, "_cpu_flags",
+                                       side_effect=_flags_without_avx512)
     _module["cpu"].start()
+    _module["env"] = _environ(PTB_KERNEL_ISA="avx2")
   kernels.reset()
 
 
 def tearDownModule():
-  if "cpu" in _module:
-    _module.pop("cpu").stop()
+  for name in ("env", "cpu"):
+    if name in _module:
+      _module.pop(name).stop()
   os.environ.pop("PTB_KERNEL_DIR", None)
   # A library loaded from here stays loaded; Linux keeps its pages.
   shutil.rmtree(_module.pop("dir"), ignore_errors=True)
@@ -67,19 +96,43 @@ def library_or_skip(test):
 
 
 def kernels_or_skip(test):
-  """The op library where its ops can run; skips without AVX-512 or g++."""
-  if not kernels.cpu_has_avx512():
-    test.skipTest(_NO_AVX512)
+  """The op library where its ops can run; skips without a width or g++."""
+  if not kernels.cpu_isas():
+    test.skipTest(_NO_VECTORS)
   skip_without_compiler(test)
   library = kernels.load()
   test.assertIsNotNone(library, kernels.unavailable_reason())
   return library
 
 
+def widths_or_skip(test):
+  """The op library and every width this CPU runs; skips as kernels_or_skip.
+
+  Each test of the ops runs once per width: `with_width` around each run.
+  """
+  library = kernels_or_skip(test)
+  return library, kernels.cpu_isas()
+
+
+@contextlib.contextmanager
+def with_width(test, isa):
+  """A subtest in which PTB_KERNEL_ISA is isa, for the ops built in it.
+
+  Ops in graphs built there take their width from it; eager ops are cached
+  by their attributes, so eager calls pass isa too.
+  """
+  patch = _environ(PTB_KERNEL_ISA=isa)
+  try:
+    with test.subTest(isa=isa):
+      yield
+  finally:
+    patch.stop()
+
+
 class PackPanelsTest(tf.test.TestCase):
 
   def testPanelsHoldColumnBlocksPaddedWithZeros(self):
-    # PackPanels is plain C++, without AVX-512 code: it runs on any CPU.
+    # PackPanels is plain C++, without vector code: it runs on any CPU.
     kernels = library_or_skip(self)
     b = np.arange(3 * 40, dtype=np.float32).reshape(3, 40)   # [K, N]
     for w, transpose in ((b, False), (b.T.copy(), True)):
@@ -94,30 +147,37 @@ class PackPanelsTest(tf.test.TestCase):
 class PanelMatMulTest(tf.test.TestCase):
 
   def testEqualsMatMulPlusAddendOnOddShapes(self):
-    kernels = kernels_or_skip(self)
-    rng = np.random.RandomState(0)
-    # Rows: under, at and over the 10-row tile; columns: under, at and
-    # over the 32-column panel and its 16-column halves; K: any.
-    for m, k, n in ((1, 1, 1), (3, 5, 16), (10, 37, 31), (13, 64, 33),
-                    (20, 650, 148), (20, 148, 37)):
-      a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
-      b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-      x = rng.uniform(-1, 1, (m, n)).astype(np.float32)
-      want = a.astype(np.float64) @ b + x
-      for w, transpose in ((b, False), (b.T.copy(), True)):
-        got = self.evaluate(kernels.panel_mat_mul(
-            a, kernels.pack_panels(w, transpose=transpose), x))
-        self.assertAllClose(got, want, rtol=1e-5, atol=1e-5,
-                            msg="%s transpose=%s" % ((m, k, n), transpose))
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        rng = np.random.RandomState(0)
+        # Rows: under, at and over the 10-row (AVX-512) and 3-row (AVX2)
+        # tiles; columns: under, at and over the 32-column panel and its
+        # vectors of 16 and 8; K: any.
+        for m, k, n in ((1, 1, 1), (3, 5, 16), (10, 37, 31), (13, 64, 33),
+                        (20, 650, 148), (20, 148, 37)):
+          a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+          b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+          x = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+          want = a.astype(np.float64) @ b + x
+          for w, transpose in ((b, False), (b.T.copy(), True)):
+            got = self.evaluate(kernels.panel_mat_mul(
+                a, kernels.pack_panels(w, transpose=transpose), x, isa=isa))
+            self.assertAllClose(got, want, rtol=1e-5, atol=1e-5,
+                                msg="%s transpose=%s %s" % (
+                                    (m, k, n), transpose, isa))
 
   def testMismatchedShapesAreAnError(self):
-    kernels = kernels_or_skip(self)
-    panels = kernels.pack_panels(np.ones((4, 40), np.float32),
-                                 transpose=False)
-    with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
-                                "shapes do not match"):
-      self.evaluate(kernels.panel_mat_mul(np.ones((2, 5), np.float32), panels,
-                                          np.ones((2, 40), np.float32)))
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        panels = kernels.pack_panels(np.ones((4, 40), np.float32),
+                                     transpose=False)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    "shapes do not match"):
+          self.evaluate(kernels.panel_mat_mul(
+              np.ones((2, 5), np.float32), panels,
+              np.ones((2, 40), np.float32), isa=isa))
 
 
 def _xent_reference(logits, b, labels):
@@ -137,81 +197,93 @@ def _xent_reference(logits, b, labels):
 class SoftmaxCrossEntropyTest(tf.test.TestCase):
 
   def testHandMadeRows(self):
-    kernels = kernels_or_skip(self)
-    logits = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
-    b = np.array([0.0, 0.5, -0.5], np.float32)
-    labels = np.array([2, 0], np.int32)
-    loss, d = self.evaluate(
-        kernels.softmax_cross_entropy(logits, b, labels))
-    # Row 0: z = [1, 2.5, 2.5], target 2.5; row 1: z = [0, 0.5, -0.5].
-    s0 = np.exp(1.0) + 2 * np.exp(2.5)
-    s1 = 1.0 + np.exp(0.5) + np.exp(-0.5)
-    self.assertAllClose(loss, [np.log(s0) - 2.5, np.log(s1)], rtol=1e-6)
-    self.assertAllClose(
-        d, [[np.exp(1.0) / s0, np.exp(2.5) / s0, np.exp(2.5) / s0 - 1.0],
-            [1.0 / s1 - 1.0, np.exp(0.5) / s1, np.exp(-0.5) / s1]],
-        rtol=1e-6, atol=1e-7)
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        logits = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32)
+        b = np.array([0.0, 0.5, -0.5], np.float32)
+        labels = np.array([2, 0], np.int32)
+        loss, d = self.evaluate(
+            kernels.softmax_cross_entropy(logits, b, labels, isa=isa))
+        # Row 0: z = [1, 2.5, 2.5], target 2.5; row 1: z = [0, 0.5, -0.5].
+        s0 = np.exp(1.0) + 2 * np.exp(2.5)
+        s1 = 1.0 + np.exp(0.5) + np.exp(-0.5)
+        self.assertAllClose(loss, [np.log(s0) - 2.5, np.log(s1)], rtol=1e-6)
+        self.assertAllClose(
+            d, [[np.exp(1.0) / s0, np.exp(2.5) / s0, np.exp(2.5) / s0 - 1.0],
+                [1.0 / s1 - 1.0, np.exp(0.5) / s1, np.exp(-0.5) / s1]],
+            rtol=1e-6, atol=1e-7)
 
   def testOddShapesAndLargeLogits(self):
-    kernels = kernels_or_skip(self)
-    rng = np.random.RandomState(5)
-    # Vocabularies under, at and over a 16-lane register; labels anywhere,
-    # the last column included; logits far from 0 (the max is subtracted).
-    for n, v, offset in ((1, 1, 0.0), (3, 5, 0.0), (2, 16, 80.0),
-                         (4, 17, -300.0), (7, 40, 1e4)):
-      logits = (rng.uniform(-20, 20, (n, v)) + offset).astype(np.float32)
-      b = rng.uniform(-1, 1, v).astype(np.float32)
-      labels = rng.randint(0, v, n).astype(np.int32)
-      labels[-1] = v - 1
-      loss, d = self.evaluate(
-          kernels.softmax_cross_entropy(logits, b, labels))
-      want_loss, want_d = _xent_reference(logits, b, labels)
-      self.assertAllClose(loss, want_loss, rtol=1e-5, atol=2e-5,
-                          msg=str((n, v)))
-      self.assertAllClose(d, want_d, rtol=1e-5, atol=1e-6, msg=str((n, v)))
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        rng = np.random.RandomState(5)
+        # Vocabularies under, at and over 16 and 8 lanes; labels anywhere,
+        # the last column included; logits far from 0 (the max is subtracted).
+        for n, v, offset in ((1, 1, 0.0), (3, 5, 0.0), (2, 16, 80.0),
+                             (4, 17, -300.0), (7, 40, 1e4)):
+          logits = (rng.uniform(-20, 20, (n, v)) + offset).astype(np.float32)
+          b = rng.uniform(-1, 1, v).astype(np.float32)
+          labels = rng.randint(0, v, n).astype(np.int32)
+          labels[-1] = v - 1
+          loss, d = self.evaluate(
+              kernels.softmax_cross_entropy(logits, b, labels, isa=isa))
+          want_loss, want_d = _xent_reference(logits, b, labels)
+          self.assertAllClose(loss, want_loss, rtol=1e-5, atol=2e-5,
+                              msg=str((n, v, isa)))
+          self.assertAllClose(d, want_d, rtol=1e-5, atol=1e-6,
+                              msg=str((n, v, isa)))
 
   def testNanInARowMakesItsLossNan(self):
-    kernels = kernels_or_skip(self)
-    logits = np.zeros((2, 20), np.float32)
-    logits[0, 17] = np.nan
-    loss, d = self.evaluate(kernels.softmax_cross_entropy(
-        logits, np.zeros(20, np.float32), np.array([3, 3], np.int32)))
-    self.assertTrue(np.isnan(loss[0]))
-    self.assertTrue(np.isnan(d[0]).all())
-    self.assertAllClose(loss[1], np.log(20.0), rtol=1e-6)
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        logits = np.zeros((2, 20), np.float32)
+        logits[0, 17] = np.nan
+        loss, d = self.evaluate(kernels.softmax_cross_entropy(
+            logits, np.zeros(20, np.float32), np.array([3, 3], np.int32),
+            isa=isa))
+        self.assertTrue(np.isnan(loss[0]))
+        self.assertTrue(np.isnan(d[0]).all())
+        self.assertAllClose(loss[1], np.log(20.0), rtol=1e-6)
 
   def testLabelOutsideTheVocabularyIsAnError(self):
-    kernels = kernels_or_skip(self)
-    with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
-                                r"label 3 of row 1 is outside \[0, 3\)"):
-      self.evaluate(kernels.softmax_cross_entropy(
-          np.zeros((2, 3), np.float32), np.zeros(3, np.float32),
-          np.array([0, 3], np.int32)))
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    r"label 3 of row 1 is outside \[0, 3\)"):
+          self.evaluate(kernels.softmax_cross_entropy(
+              np.zeros((2, 3), np.float32), np.zeros(3, np.float32),
+              np.array([0, 3], np.int32), isa=isa))
 
 
 class SoftmaxLossPathsTest(tf.test.TestCase):
   """The softmax layer gives the same numbers with the kernel as without."""
 
   def testFusedEqualsTensorFlowOpsWithGradients(self):
-    kernels_or_skip(self)
-    rng = np.random.RandomState(6)
-    values = [rng.uniform(-2, 2, s).astype(np.float32)
-              for s in ((13, 9), (9, 37), (37,))]
-    labels = rng.randint(0, 37, 13).astype(np.int32)
-    d_loss = rng.uniform(0, 2, 13).astype(np.float32)
-    results = []
-    for fn in (softmax.softmax_loss_ops,
-               softmax.softmax_loss_fused):
-      with tf.Graph().as_default() as graph, \
-          tf.compat.v1.Session() as sess:
-        args = [tf.constant(v) for v in values]
-        loss = fn(*args, tf.constant(labels))
-        grads = tf.compat.v1.gradients(loss * d_loss, args)
-        results.append(sess.run([loss] + grads))
-        fused = _count_ops(graph, "SoftmaxCrossEntropy")
-        self.assertEqual(fused, int(fn is softmax.softmax_loss_fused))
-    for k, (got, want) in enumerate(zip(results[1], results[0])):
-      self.assertAllClose(got, want, rtol=1e-5, atol=1e-6, msg=str(k))
+    _, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        rng = np.random.RandomState(6)
+        values = [rng.uniform(-2, 2, s).astype(np.float32)
+                  for s in ((13, 9), (9, 37), (37,))]
+        labels = rng.randint(0, 37, 13).astype(np.int32)
+        d_loss = rng.uniform(0, 2, 13).astype(np.float32)
+        results = []
+        for fn in (softmax.softmax_loss_ops,
+                   softmax.softmax_loss_fused):
+          with tf.Graph().as_default() as graph, \
+              tf.compat.v1.Session() as sess:
+            args = [tf.constant(v) for v in values]
+            loss = fn(*args, tf.constant(labels))
+            grads = tf.compat.v1.gradients(loss * d_loss, args)
+            results.append(sess.run([loss] + grads))
+            fused = _count_ops(graph, "SoftmaxCrossEntropy")
+            self.assertEqual(fused, int(fn is softmax.softmax_loss_fused))
+        for k, (got, want) in enumerate(zip(results[1], results[0])):
+          self.assertAllClose(got, want, rtol=1e-5, atol=1e-6, msg=str(k))
 
   def testTensorFlowOpsWhereTheKernelCannotRun(self):
     with mock.patch.object(kernels, "load") as load:
@@ -256,29 +328,31 @@ class ModelProductsTest(tf.test.TestCase):
       return results, _count_ops(graph, "PanelMatMul")
 
   def testBasicAndBlockWithKernelsEqualWithout(self):
-    kernels_or_skip(self)
-    rng = np.random.RandomState(3)
-    # Hidden 37: 4H = 148 columns and H = 37 both end in a partial panel;
-    # batch 12: one 10-row tile and one of 2 rows.
-    steps, batch, size = 5, 12, 37
-    u = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)
-    values = (u(steps, batch, size),
-              [(u(batch, size), u(batch, size)) for _ in range(2)],
-              [u(2 * size, 4 * size) * 0.3 for _ in range(2)],
-              [u(4 * size) for _ in range(2)], u(steps, batch, size))
-    want, count = self._stack(BLOCK, None, values, 10**9)
-    self.assertEqual(count, 0)
-    for mode, chunk in ((BASIC, 2), (BASIC, None),
-                        (BLOCK, None)):
-      got, count = self._stack(mode, chunk, values, 0)
-      # BASIC: one product per step and layer forward and backward; BLOCK
-      # runs its own forward.
-      per_pass = 2 * steps
-      self.assertEqual(count, 2 * per_pass if mode == BASIC
-                       else per_pass, msg=mode)
-      for k, (g, w) in enumerate(zip(got, want)):
-        self.assertAllClose(g, w, rtol=1e-5, atol=1e-5,
-                            msg="%s chunk %s result %d" % (mode, chunk, k))
+    _, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        rng = np.random.RandomState(3)
+        # Hidden 37: 4H = 148 columns and H = 37 both end in a partial panel;
+        # batch 12: one 10-row tile and one of 2 rows (AVX2: four of 3).
+        steps, batch, size = 5, 12, 37
+        u = lambda *s: rng.uniform(-1, 1, size=s).astype(np.float32)
+        values = (u(steps, batch, size),
+                  [(u(batch, size), u(batch, size)) for _ in range(2)],
+                  [u(2 * size, 4 * size) * 0.3 for _ in range(2)],
+                  [u(4 * size) for _ in range(2)], u(steps, batch, size))
+        want, count = self._stack(BLOCK, None, values, 10**9)
+        self.assertEqual(count, 0)
+        for mode, chunk in ((BASIC, 2), (BASIC, None),
+                            (BLOCK, None)):
+          got, count = self._stack(mode, chunk, values, 0)
+          # BASIC: one product per step and layer forward and backward; BLOCK
+          # runs its own forward.
+          per_pass = 2 * steps
+          self.assertEqual(count, 2 * per_pass if mode == BASIC
+                           else per_pass, msg=mode)
+          for k, (g, w) in enumerate(zip(got, want)):
+            self.assertAllClose(g, w, rtol=1e-5, atol=1e-5,
+                                msg="%s chunk %s result %d" % (mode, chunk, k))
 
   def testTensorFlowProductsWhereKernelsDoNotPay(self):
     with mock.patch.object(kernels, "load") as load:
@@ -305,12 +379,91 @@ class LoadTest(tf.test.TestCase):
   def testCpuFlagsAreRead(self):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, "cpuinfo")
-      for flags, want in (("fpu sse avx2 avx512f avx512bw", True),
-                          ("fpu sse avx2 avx512bw", False)):
+      for flags, want, isas in (
+          ("fpu sse avx2 avx512f avx512bw", True, ("avx512",)),
+          ("fpu sse avx2 avx512bw", False, ()),
+          ("fpu sse fma avx2 avx512f avx512bw", True, ("avx512", "avx2")),
+          ("fpu sse fma avx2", False, ("avx2",)),
+          ("fpu sse avx fma", False, ())):
         with open(path, "w") as f:
           f.write("processor\t: 0\nflags\t\t: %s\n" % flags)
-        self.assertEqual(_cpu_has_avx512(path), want)
+        self.assertEqual(_cpu_has_avx512(path), want, msg=flags)
+        self.assertEqual(_cpu_isas(path), isas, msg=flags)
       self.assertFalse(_cpu_has_avx512(path + ".missing"))
+      self.assertEqual(_cpu_isas(path + ".missing"), ())
+
+  def testWidthFromTheCpuAndTheEnvironment(self):
+    for isas, wanted, want in (
+        (("avx512", "avx2"), None, ("avx512", None)),
+        (("avx512", "avx2"), "", ("avx512", None)),
+        (("avx512", "avx2"), "avx2", ("avx2", None)),
+        (("avx512", "avx2"), "avx512", ("avx512", None)),
+        (("avx2",), None, ("avx2", None)),
+        (("avx2",), "avx512",
+         (None, "PTB_KERNEL_ISA=avx512 but the CPU has no AVX-512")),
+        (("avx512",), "avx2",
+         (None, "PTB_KERNEL_ISA=avx2 but the CPU has no AVX2 with FMA")),
+        (("avx512", "avx2"), "sse",
+         (None, "PTB_KERNEL_ISA=sse is not one of avx512, avx2")),
+        ((), None, (None, _NO_WIDTH))):
+      patch = _environ(PTB_KERNEL_ISA=wanted)
+      try:
+        with mock.patch.object(kernels, "cpu_isas", return_value=isas):
+          self.assertEqual(kernels.kernel_isa(), want, msg=(isas, wanted))
+      finally:
+        patch.stop()
+
+  def testAvx2OnlyCpuGetsTheKernels(self):
+    skip_without_compiler(self)
+    patch = _environ(PTB_KERNEL_ISA=None)
+    self.addCleanup(patch.stop)
+    with mock.patch.object(kernels, "cpu_isas", return_value=("avx2",)):
+      self.assertFalse(kernels.cpu_has_avx512())
+      with self.assertLogs(level="INFO") as logs:
+        self.assertIsNotNone(kernels.load())
+    self.assertIsNone(kernels.unavailable_reason())
+    self.assertIn("LSTM kernels use AVX2 with FMA (the widest this CPU has)",
+                  "\n".join(logs.output))
+
+  def testWidthTheCpuLacksFallsBackToMatMul(self):
+    patch = _environ(PTB_KERNEL_ISA="avx512")
+    self.addCleanup(patch.stop)
+    with mock.patch.object(kernels, "cpu_isas", return_value=("avx2",)):
+      with self.assertLogs(level="WARNING") as logs:
+        self.assertIsNone(kernels.load())
+      self.assertEqual(kernels.unavailable_reason(),
+                       "PTB_KERNEL_ISA=avx512 but the CPU has no AVX-512")
+      self.assertIn("tf.matmul", "\n".join(logs.output))
+      self._assert_model_uses_tensorflow_ops()
+
+  def testOpsTakeTheirWidthFromTheEnvironment(self):
+    # In graphs: each session constructs its ops, which read PTB_KERNEL_ISA
+    # then (isa auto); an explicit isa overrides it.
+    kernels_or_skip(self)
+    library = kernels.load_library()
+    for wanted, isa, error in (("avx1024", "auto", "PTB_KERNEL_ISA is "
+                                '"avx1024", not avx512 or avx2'),
+                               ("avx1024", kernels.cpu_isas()[-1], None)):
+      patch = _environ(PTB_KERNEL_ISA=wanted)
+      try:
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+          ops = [library.panel_mat_mul(
+                     tf.ones([2, 3]), library.pack_panels(
+                         tf.ones([3, 5]), transpose=False),
+                     tf.ones([2, 5]), isa=isa),
+                 library.softmax_cross_entropy(
+                     tf.zeros([2, 3]), tf.zeros([3]), tf.zeros([2], tf.int32),
+                     isa=isa)[0]]
+          for op in ops:
+            if error is None:
+              self.assertAllClose(sess.run(op), np.full(op.shape, 4.0)
+                                  if op is ops[0] else np.log([3.0, 3.0]))
+            else:
+              with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                          error):
+                sess.run(op)
+      finally:
+        patch.stop()
 
   def testDisabledByEnvironment(self):
     with mock.patch.dict(os.environ, {"PTB_LSTM_KERNELS": "0"}):
@@ -333,6 +486,8 @@ class LoadTest(tf.test.TestCase):
       self.assertGreater(_count_ops(graph, "MatMul"), 0)
 
   def testFailedBuildFallsBackToMatMul(self):
+    patch = _environ(PTB_KERNEL_ISA=None)
+    self.addCleanup(patch.stop)
     with tempfile.TemporaryDirectory() as tmp:
       # A compiler that writes part of its output, says why it fails and
       # exits with status 3.
@@ -351,8 +506,8 @@ class LoadTest(tf.test.TestCase):
       # the ops, and the failed build leaves nothing to run.
       with mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": cache,
                                         "CXX": compiler}), \
-          mock.patch.object(kernels, "cpu_has_avx512",
-                            return_value=True):
+          mock.patch.object(kernels, "cpu_isas",
+                            return_value=("avx2",)):
         with self.assertRaises(RuntimeError) as raised:
           kernels.build()
         message = str(raised.exception)
@@ -382,8 +537,7 @@ class LoadTest(tf.test.TestCase):
 
   def testBuildsAndRegistersTheOpsOnAnyCpu(self):
     skip_without_compiler(self)
-    with mock.patch.object(kernels, "cpu_has_avx512",
-                           return_value=False):
+    with mock.patch.object(kernels, "cpu_isas", return_value=()):
       path = kernels.build()
       library = kernels.load_library()
     self.assertEqual(os.path.dirname(path), _module["dir"])
@@ -410,16 +564,16 @@ class LoadTest(tf.test.TestCase):
     kernels.build()
     with mock.patch.object(subprocess, "run",
                            side_effect=AssertionError("compiler run")), \
-        mock.patch.object(kernels, "cpu_has_avx512",
-                          return_value=False):
+        mock.patch.object(kernels, "cpu_isas", return_value=()):
       library = kernels.load_library()
     for op in _OPS:
       self.assertTrue(hasattr(library, op), msg=op)
 
-  def testCpuWithoutAvx512GetsNoKernelsThoughTheyBuild(self):
+  def testCpuWithoutAvx2GetsNoKernelsThoughTheyBuild(self):
     skip_without_compiler(self)
-    with mock.patch.object(kernels, "cpu_has_avx512",
-                           return_value=False):
+    patch = _environ(PTB_KERNEL_ISA=None)
+    self.addCleanup(patch.stop)
+    with mock.patch.object(kernels, "cpu_isas", return_value=()):
       self.assertTrue(hasattr(kernels.load_library(), "panel_mat_mul"))
       with tempfile.TemporaryDirectory() as tmp, \
           mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": tmp}):
@@ -427,10 +581,8 @@ class LoadTest(tf.test.TestCase):
           self.assertIsNone(kernels.load())
           self.assertIsNone(kernels.load())
         self.assertEqual(os.listdir(tmp), [])   # nothing built for nothing
-      self.assertEqual(kernels.unavailable_reason(),
-                       "the CPU has no AVX-512")
-      warnings = [line for line in logs.output
-                  if "the CPU has no AVX-512" in line]
+      self.assertEqual(kernels.unavailable_reason(), _NO_WIDTH)
+      warnings = [line for line in logs.output if _NO_WIDTH in line]
       self.assertEqual(len(warnings), 1, msg=logs.output)   # logged once
       self._assert_model_uses_tensorflow_ops()
 
