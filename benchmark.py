@@ -6,10 +6,12 @@ of --model and --rnn_mode: words per second, the analytic training FLOPs per
 word, the achieved GFLOP/s, the float32 matrix-multiply ceiling TensorFlow
 reaches in this process (the better of two measurements, just before and
 just after the combination's steps), their ratio (model FLOP utilisation),
-peak RSS, whether the per-step recurrent products ran on this project's
-vector kernels (recurrent=kernels) or on tf.matmul (recurrent=matmul), and
-whether the softmax layer ran on its kernel (softmax=kernel) or on
-TensorFlow's softmax (softmax=ops; ptb/kernels.py).
+the CPU's float32 FMA peak measured in-process in the kernels' vector width
+(isa=avx512 or avx2; likewise before and after) and the model's GFLOP/s as
+a fraction of it, peak RSS, whether the per-step recurrent products ran on
+this project's vector kernels (recurrent=kernels) or on tf.matmul
+(recurrent=matmul), and whether the softmax layer ran on its kernel
+(softmax=kernel) or on TensorFlow's softmax (softmax=ops; ptb/kernels.py).
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
@@ -32,6 +34,7 @@ import tensorflow as tf
 from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
+from ptb import kernels
 from ptb.errors import UserError
 import ptb_word_lm
 import reader
@@ -80,6 +83,40 @@ def matmul_ceiling(session_config, size=2048, seconds=0.7, trials=4):
   return best
 
 
+def fma_peak(session_config, seconds=0.05, trials=5):
+  """GFLOP/s of this CPU's float32 FMA units, or None where it is unknown.
+
+  The kernels' FmaPeak op runs independent FMA chains in registers on every
+  thread of the session's pool, in the width the kernels run here (so with
+  PTB_KERNEL_ISA=avx2, the AVX2 peak): no memory, no dependency stalls, the
+  figure no code on this machine can exceed. Best of a few short trials.
+  None without a compiler or a width (see ptb/kernels.py).
+  """
+  if kernels.kernel_isa()[0] is None or not kernels.compiler_found():
+    return None
+  try:
+    library = kernels.load_library()
+  except (RuntimeError, OSError, tf.errors.OpError):
+    return None
+  with tf.Graph().as_default():
+    iterations = tf.compat.v1.placeholder(tf.int64, [])
+    flops, checksum = library.fma_peak(iterations)
+    with tf.compat.v1.Session(config=session_config) as session:
+
+      def trial(n):
+        """(FLOPs done, seconds taken) of n rounds."""
+        start = time.perf_counter()
+        done = session.run([flops, checksum], {iterations: n})[0]
+        return done, time.perf_counter() - start
+
+      n, (_, elapsed) = 1000, trial(1000)
+      while elapsed < seconds:  # rounds enough to take `seconds`
+        n = int(n * min(100.0, 2 * seconds / max(elapsed, 1e-6)))
+        _, elapsed = trial(n)
+      return max(done / took / 1e9
+                 for done, took in (trial(n) for _ in range(trials)))
+
+
 def measure(model_name, rnn_mode, train_data, devices, session_config):
   """Times training steps of one model/rnn_mode; returns the figures."""
   config = config_lib.resolve_config(
@@ -122,6 +159,14 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "softmax": softmax}
 
 
+def _peak_text(r):
+  """The result line's FMA-peak fields: unknown ones say so."""
+  if r["fma_peak_gflops"] is None:
+    return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
+  return ("fma_peak_gflops=%(fma_peak_gflops).1f "
+          "peak_fraction=%(peak_fraction).3f isa=%(kernel_isa)s" % r)
+
+
 def main(_):
   models = [m.strip() for m in FLAGS.model.split(",") if m.strip()]
   modes = ([m.strip() for m in FLAGS.rnn_mode.split(",") if m.strip()]
@@ -140,22 +185,29 @@ def main(_):
   # minute, and a ceiling taken once, in a slow minute, made a large run's
   # utilisation 1.16.
   before = matmul_ceiling(session_config)
+  peak_before = fma_peak(session_config)
   results = []
   for model_name in models:
     for mode in modes:
       r = measure(model_name, mode, train_data, devices, session_config)
       after = matmul_ceiling(session_config)
       ceiling = max(before, after)
+      # The FMA peak likewise (None where unknown).
+      peak_after = fma_peak(session_config)
+      peak = max(peak_before, peak_after) if peak_after else None
       r.update(ceiling_gflops=ceiling, ceiling_trials_gflops=[before, after],
-               mfu=r["gflops"] / ceiling,
+               mfu=r["gflops"] / ceiling, fma_peak_gflops=peak,
+               peak_fraction=r["gflops"] / peak if peak else None,
+               kernel_isa=kernels.kernel_isa()[0],
                peak_rss_mib=monitor.peak_rss_mib())
-      before = after
+      before, peak_before = after, peak_after
       results.append(r)
       print("model=%(model)s rnn_mode=%(rnn_mode)s wps=%(wps).0f "
             "train_flops_per_word=%(train_flops_per_word).4g "
             "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
-            "mfu=%(mfu).3f peak_rss_mib=%(peak_rss_mib).0f "
-            "recurrent=%(recurrent)s softmax=%(softmax)s" % r, flush=True)
+            "mfu=%(mfu).3f %(peak)s peak_rss_mib=%(peak_rss_mib).0f "
+            "recurrent=%(recurrent)s softmax=%(softmax)s" %
+            dict(r, peak=_peak_text(r)), flush=True)
   if FLAGS.output_json:
     with open(FLAGS.output_json, "w") as f:
       json.dump({"tensorflow": tf.__version__, "devices": devices,

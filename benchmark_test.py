@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import tensorflow as tf
 
@@ -25,6 +26,14 @@ def _softmax_path():
   return "kernel" if _kernels_buildable() else "ops"
 
 
+def _peak_fields():
+  """The FMA-peak fields benchmark.py should print here, as a regex."""
+  if not _kernels_buildable():
+    return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
+  return (r"fma_peak_gflops=\S+ peak_fraction=\S+ isa=%s"
+          % kernels.kernel_isa()[0])
+
+
 class BenchmarkTest(tf.test.TestCase):
 
   def testTrainFlopsPerWord(self):
@@ -34,6 +43,13 @@ class BenchmarkTest(tf.test.TestCase):
                      3 * (2 * 2 * 400 * 800 + 2 * 200 * 10000))
     self.assertEqual(benchmark.train_flops_per_word(ptb_word_lm.LargeConfig()),
                      3 * (2 * 2 * 3000 * 6000 + 2 * 1500 * 10000))
+
+  def testFmaPeakInTheKernelsWidthOrNone(self):
+    with mock.patch.object(kernels, "kernel_isa",
+                           return_value=(None, "no width")):
+      self.assertIsNone(benchmark.fma_peak(None))
+    if _kernels_buildable():
+      self.assertGreater(benchmark.fma_peak(None, seconds=0.01, trials=2), 1)
 
   def testEveryCombinationAndJson(self):
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,8 +69,9 @@ class BenchmarkTest(tf.test.TestCase):
     self.assertLen(rows, 2)
     self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
                      r"train_flops_per_word=\S+ gflops=\S+ "
-                     r"ceiling_gflops=\S+ mfu=\S+ peak_rss_mib=\d+ "
-                     r"recurrent=matmul softmax=%s$" % _softmax_path())
+                     r"ceiling_gflops=\S+ mfu=\S+ %s peak_rss_mib=\d+ "
+                     r"recurrent=matmul softmax=%s$" % (_peak_fields(),
+                                                        _softmax_path()))
     self.assertIn("rnn_mode=BLOCK", rows[1])
     self.assertRegex(lines[-1], r"^wps: \d+$")
     results = report["results"]
@@ -71,6 +88,14 @@ class BenchmarkTest(tf.test.TestCase):
       self.assertAllClose(r["mfu"], r["gflops"] / r["ceiling_gflops"])
       self.assertAllClose(r["gflops"],
                           r["wps"] * r["train_flops_per_word"] / 1e9)
+      if _kernels_buildable():
+        self.assertEqual(r["kernel_isa"], kernels.kernel_isa()[0])
+        self.assertGreater(r["fma_peak_gflops"], 1)
+        self.assertAllClose(r["peak_fraction"],
+                            r["gflops"] / r["fma_peak_gflops"])
+      else:
+        self.assertIsNone(r["fma_peak_gflops"])
+        self.assertIsNone(r["peak_fraction"])
 
   def testReportsTheKernelsWhereTheModelUsesThem(self):
     # Hidden 512 is where the model starts to use the kernels' ops.

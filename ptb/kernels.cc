@@ -1,6 +1,7 @@
 // Vector kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
-// with M (the batch) small, and the softmax layer's cross-entropy over the
-// logits (SoftmaxCrossEntropy). kernels.py says why and builds them.
+// with M (the batch) small, the softmax layer's cross-entropy over the
+// logits (SoftmaxCrossEntropy), and the FMA units' peak for benchmark.py
+// (FmaPeak). kernels.py says why and builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
 // 32 columns, each [K, 32] contiguous; PanelMatMul then reads each panel as
@@ -33,6 +34,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -59,6 +61,7 @@ using PanelRowsFn = void (*)(const float* a, int64_t M, int64_t K,
                              int64_t ldc, int64_t width);
 using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
                             int64_t label, float* out);
+using FmaChainsFn = float (*)(int64_t iterations);
 
 // Stands for a whole vector where the kernels take a tail's lane mask.
 struct Full {};
@@ -80,6 +83,9 @@ struct V {
   using Flags = __mmask16;  // lanes seen NaN
   static constexpr int kWidth = 16;
   static constexpr int kRows = 10;  // 20 accumulators of the 32 registers
+  // Independent FMA chains of FmaPeak: more than FMA units x latency
+  // (2 x 4 on the CPUs seen), fewer than the registers.
+  static constexpr int kChains = 16;
 
   static T Zero() { return _mm512_setzero_ps(); }
   static T Set1(float x) { return _mm512_set1_ps(x); }
@@ -144,6 +150,9 @@ struct V {
   // 12 accumulators of the 16 registers: 3 rows x 4 vectors (a panel row),
   // the other 4 for the broadcast of a and the panel's vectors.
   static constexpr int kRows = 3;
+  // FmaPeak's chains: 2 FMA units x latency 5 (Zen 3) = 10 in flight; the
+  // other registers hold the two operands.
+  static constexpr int kChains = 12;
 
   static T Zero() { return _mm256_setzero_ps(); }
   static T Set1(float x) { return _mm256_set1_ps(x); }
@@ -482,6 +491,63 @@ class SoftmaxCrossEntropyOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropy").Device(DEVICE_CPU),
                         SoftmaxCrossEntropyOp);
 
+REGISTER_OP("FmaPeak")
+    .Input("iterations: int64")
+    .Attr("isa: {'auto', 'avx512', 'avx2'} = 'auto'")
+    .Output("flops: float64")
+    .Output("checksum: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The machine's float32 FMA peak, to time: on every thread of the op's pool,
+`iterations` rounds of independent FMA chains of the width's vectors, with
+nothing but registers. flops: the floating-point operations done (2 per
+lane of an FMA), over all threads; checksum: the chains' sum, so that none
+is optimised away. isa as in PanelMatMul.
+)doc");
+
+class FmaPeakOp : public OpKernel {
+ public:
+  explicit FmaPeakOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "FmaPeak", &wide));
+    chains_ = wide ? &avx512::FmaChains : &avx2::FmaChains;
+    flops_per_iteration_ = wide ? avx512::kFlopsPerIteration
+                                : avx2::kFlopsPerIteration;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t iterations = ctx->input(0).scalar<int64_t>()();
+    OP_REQUIRES(ctx, iterations >= 0,
+                errors::InvalidArgument("iterations must be >= 0"));
+    const int threads =
+        ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
+    std::vector<float> sums(threads, 0.0f);
+    // One unit per thread, each far too costly to share.
+    Parallel(ctx, threads, int64_t{1} << 40, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) sums[t] = chains_(iterations);
+    });
+    Tensor* flops = nullptr;
+    Tensor* checksum = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &flops));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &checksum));
+    flops->scalar<double>()() =
+        static_cast<double>(iterations) * flops_per_iteration_ * threads;
+    float total = 0.0f;
+    for (float x : sums) total += x;
+    checksum->scalar<float>()() = total;
+  }
+
+ private:
+  FmaChainsFn chains_;
+  double flops_per_iteration_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("FmaPeak").Device(DEVICE_CPU), FmaPeakOp);
+
 }  // namespace tensorflow
 
 #else  // PTB_KERNELS_BODY
@@ -668,6 +734,23 @@ float XentRow(const float* logits, const float* b, int64_t n, int64_t label,
   });
   out[label] -= 1.0f;
   return std::log(total) + (top - target);
+}
+
+// FmaPeak's work on one thread: `iterations` rounds of V::kChains
+// independent chains acc = acc * m + a, in registers; a FmaChainsFn. Returns
+// the chains' sum, which the op reports, so that none can be dropped.
+constexpr double kFlopsPerIteration = 2.0 * kW * V::kChains;
+
+float FmaChains(int64_t iterations) {
+  T acc[V::kChains];
+  for (int i = 0; i < V::kChains; ++i) acc[i] = V::Set1(0.001f * i);
+  const T m = V::Set1(0.999999f), a = V::Set1(1e-6f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < V::kChains; ++i) acc[i] = V::FMAdd(acc[i], m, a);
+  }
+  T sum = V::Zero();
+  for (int i = 0; i < V::kChains; ++i) sum = V::Add(sum, acc[i]);
+  return V::ReduceAdd(sum);
 }
 
 #endif  // PTB_KERNELS_BODY

@@ -14,6 +14,10 @@ writing all of them: the bias, the softmax, then p - onehot.
 SoftmaxCrossEntropy does all of it a row at a time, in place, while the row
 is in the L1 cache, with the loss.
 
+FmaPeak measures the machine rather than computing the model: independent
+FMA chains in registers on every thread, the float32 peak that
+benchmark.py reports the model's speed against.
+
 The kernels are written once over the vector width and compiled for two:
 AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32
 columns: 16 registers of 8 floats). They run the widest the CPU has, or the
@@ -214,8 +218,8 @@ def load_library():
   without running them.
 
   Returns:
-    The op library (a module with `pack_panels`, `panel_mat_mul` and
-    `softmax_cross_entropy`).
+    The op library (a module with `pack_panels`, `panel_mat_mul`,
+    `softmax_cross_entropy` and `fma_peak`).
 
   Raises:
     RuntimeError: the build failed (see `build()`).

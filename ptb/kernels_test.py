@@ -34,7 +34,7 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
                "running these ops needs")
 _NO_WIDTH = "the CPU has neither AVX-512 nor AVX2 with FMA"
 _NO_COMPILER = "no C++ compiler to build the kernels with"
-_OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy")
+_OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak")
 _cpu_has_avx512 = kernels.cpu_has_avx512
 _cpu_isas = kernels.cpu_isas
 _read_flags = kernels._cpu_flags   # pylint: disable=protected-access
@@ -178,6 +178,29 @@ class PanelMatMulTest(tf.test.TestCase):
           self.evaluate(kernels.panel_mat_mul(
               np.ones((2, 5), np.float32), panels,
               np.ones((2, 40), np.float32), isa=isa))
+
+
+class FmaPeakTest(tf.test.TestCase):
+
+  def testCountsEveryThreadsChainsAndComputesThem(self):
+    # (lanes, chains) per width, as kernels.cc's V::kWidth and V::kChains.
+    shapes = {"avx512": (16, 16), "avx2": (8, 12)}
+    kernels, widths = widths_or_skip(self)
+    m, a = np.float32(0.999999), np.float32(1e-6)
+    for isa in widths:
+      with with_width(self, isa):
+        lanes, chains = shapes[isa]
+        flops, checksum = self.evaluate(kernels.fma_peak(3, isa=isa))
+        per_thread = 3 * 2 * lanes * chains
+        threads = flops / per_thread
+        self.assertEqual(threads, int(threads))
+        self.assertGreaterEqual(threads, 1)
+        # Each chain i starts at 0.001 i and takes three steps x m + a.
+        x = np.float32(0.001) * np.arange(chains, dtype=np.float32)
+        for _ in range(3):
+          x = (x.astype(np.float64) * m + a).astype(np.float32)
+        self.assertAllClose(checksum, threads * lanes * x.sum(), rtol=1e-6)
+        self.assertEqual(self.evaluate(kernels.fma_peak(0, isa=isa))[0], 0)
 
 
 def _xent_reference(logits, b, labels):
