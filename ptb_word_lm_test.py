@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from ptb import config as config_lib
+from ptb import kernels
 from ptb import monitor
 from ptb import training
 from ptb import wavefront
@@ -286,6 +287,117 @@ LINE_FORMATS = [
     r"Peak RSS: \d+ MiB",
     r"Saving model to .+\.",
 ]
+
+
+def _tutorial_training(weights, rows, config, num_calls):
+  """The tutorial's training steps, written afresh from the SPEC.
+
+  Plain TensorFlow ops and their automatic gradients, the state fed between
+  steps, and the tutorial's update: tf.clip_by_global_norm of tf.gradients
+  (the embedding's gradient as IndexedSlices), then plain SGD. Independent
+  of PTBModel's hand-written gradients, kernels, state variables and
+  optimizer. No dropout.
+
+  Args:
+    weights: the initial [embedding, kernel, bias, ..., softmax_w, softmax_b].
+    rows: int `[batch, num_calls * num_steps + 1]` contiguous streams.
+
+  Returns:
+    (the cost of each step, the global norm of each step's gradients, the
+    weights after the last).
+  """
+  steps, batch, size = config.num_steps, config.batch_size, config.hidden_size
+  with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    params = [tf.Variable(w) for w in weights]
+    x = tf.compat.v1.placeholder(tf.int32, [batch, steps])
+    y = tf.compat.v1.placeholder(tf.int32, [batch, steps])
+    state_in = tf.compat.v1.placeholder(
+        tf.float32, [config.num_layers, 2, batch, size])
+    inputs = tf.nn.embedding_lookup(params[0], x)
+    finals = []
+    for l in range(config.num_layers):
+      kernel, bias = params[1 + 2 * l], params[2 + 2 * l]
+      c, h, outputs = state_in[l, 0], state_in[l, 1], []
+      for t in range(steps):
+        gates = tf.matmul(tf.concat([inputs[:, t], h], 1), kernel) + bias
+        i, j, f, o = tf.split(gates, 4, axis=1)
+        c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(j)
+        h = tf.sigmoid(o) * tf.tanh(c)
+        outputs.append(h)
+      inputs = tf.stack(outputs, 1)
+      finals.append(tf.stack([c, h]))
+    logits = tf.matmul(tf.reshape(inputs, [-1, size]), params[-2]) + params[-1]
+    cost = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.reshape(y, [-1]), logits=logits)) / batch
+    grads, norm = tf.clip_by_global_norm(tf.compat.v1.gradients(cost, params),
+                                         config.max_grad_norm)
+    train = tf.compat.v1.train.GradientDescentOptimizer(
+        config.learning_rate).apply_gradients(zip(grads, params))
+    sess.run(tf.compat.v1.global_variables_initializer())
+    state = np.zeros(state_in.shape, np.float32)
+    costs, norms = [], []
+    for k in range(num_calls):
+      window = rows[:, k * steps:(k + 1) * steps + 1]
+      got, got_norm, state, _ = sess.run(
+          [cost, norm, tf.stack(finals), train],
+          {x: window[:, :-1], y: window[:, 1:], state_in: state})
+      costs.append(got)
+      norms.append(got_norm)
+    return costs, norms, sess.run(params)
+
+
+class TrainingTrajectoryTest(tf.test.TestCase):
+  """Several training steps against the tutorial's, from the same weights.
+
+  Equivalence tests compare this port's paths with each other; this one
+  compares its whole update (hand-written gradients, clipping, learning
+  rate, carried state) with an independent implementation, step by step,
+  for each path a config takes: the BASIC wavefront (small, medium), BASIC
+  layer by layer (hidden from 1024, large) and BLOCK, with the recurrent
+  kernels (hidden 512, batch 8) where they run.
+  """
+
+  def _check(self, rnn_mode, chunk, hidden, batch, recurrent_kernels=False):
+    config = TinyConfig()
+    config.hidden_size, config.batch_size = hidden, batch
+    config.vocab_size, config.num_steps, num_calls = 40, 4, 5
+    config.max_grad_norm = 1.0
+    rows = np.random.RandomState(7).randint(
+        0, config.vocab_size, (batch, num_calls * config.num_steps + 1))
+    with tf.Graph().as_default(), \
+        mock.patch.object(wavefront, "wavefront_chunk", return_value=chunk):
+      model = build_tiny_model(config, rows, rnn_mode, seed=11)
+      params = tf.compat.v1.trainable_variables()
+      types = {op.type
+               for op in tf.compat.v1.get_default_graph().get_operations()}
+      self.assertEqual("PanelMatMul" in types, recurrent_kernels)
+      with tf.compat.v1.Session() as sess:
+        sess.run([tf.compat.v1.global_variables_initializer(),
+                  tf.compat.v1.local_variables_initializer()])
+        model.assign_lr(sess, config.learning_rate)
+        weights = sess.run(params)
+        costs = [sess.run([model.cost, model.train_op, model.update_state])[0]
+                 for _ in range(num_calls)]
+        final = sess.run(params)
+    want_costs, norms, want_final = _tutorial_training(weights, rows, config,
+                                                       num_calls)
+    # Steps with and without clipping both occur.
+    self.assertGreater(max(norms), config.max_grad_norm)
+    self.assertLess(min(norms), config.max_grad_norm)
+    self.assertAllClose(costs, want_costs, rtol=2e-5)
+    for got, want, w0, p in zip(final, want_final, weights, params):
+      self.assertGreater(np.abs(want - w0).max(), 1e-4, msg=p.name)
+      self.assertAllClose(got, want, rtol=1e-4, atol=2e-6, msg=p.name)
+
+  def testBasicWavefront(self):
+    self._check(config_lib.BASIC, 2, hidden=16, batch=4)
+
+  def testBasicLayerByLayerWithRecurrentKernels(self):
+    self._check(config_lib.BASIC, None, hidden=512, batch=8,
+                recurrent_kernels=kernels.load() is not None)
+
+  def testBlock(self):
+    self._check(config_lib.BLOCK, None, hidden=16, batch=4)
 
 
 class CommandLineTest(tf.test.TestCase):
