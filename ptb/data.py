@@ -17,6 +17,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -139,7 +140,33 @@ def download(url, root, say=_say):
 
 
 def _fetch(url, path, say):
-  """Downloads `url` to `path`, with progress on stderr."""
+  """Downloads `url` to `path`, with progress on stderr.
+
+  The transfer runs in a thread of its own while the main thread waits in
+  short slices. A signal (Ctrl-C) goes to any thread of the process,
+  TensorFlow's included, and Python raises it in the main thread only when
+  that thread next runs: blocked in the socket's read, it would wait out
+  the server's silence (up to the 60 s timeout) before stopping.
+  """
+  outcome = {}
+
+  def transfer():
+    try:
+      _transfer(url, path, say)
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome["error"] = e
+
+  worker = threading.Thread(target=transfer, name="ptb-download",
+                            daemon=True)
+  worker.start()
+  while worker.is_alive():
+    worker.join(0.1)
+  if "error" in outcome:
+    raise outcome["error"]
+
+
+def _transfer(url, path, say):
+  """_fetch's work: the request and the copy to `path`."""
   try:
     with urllib.request.urlopen(url, timeout=_TIMEOUT) as response, \
         open(path, "wb") as out:

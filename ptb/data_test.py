@@ -4,6 +4,7 @@ Archives are built here and served by a local HTTP server on 127.0.0.1;
 the runs are real processes of ptb_word_lm.py. Never the network.
 """
 
+import ctypes
 import hashlib
 import http.server
 import io
@@ -224,23 +225,63 @@ class DownloadTest(tf.test.TestCase):
         r"the cache directory .*a_file/ptb_word_lm cannot be written "
         r"\(.*\); set XDG_CACHE_HOME", env=env)
 
-  def testCtrlCDuringTheDownloadLeavesNothing(self):
+  def _interrupt_download(self, send):
+    """Starts a download from a server that stalls, then send(pid).
+
+    Returns:
+      (the exit status, stderr, seconds from the signal to the exit).
+    """
     big = make_archive({"README": os.urandom(200000)})
+    # A suite started in the background by a shell (`cmd &`) ignores
+    # SIGINT, and a child inherits an ignored signal (it would never stop):
+    # with a handler here while it starts, the child gets the default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     with Server({"/a.tgz": big}, stall=60) as server:
-      proc = subprocess.Popen(
-          [sys.executable, testing.SCRIPT, "--model=test", "--num_gpus=0"],
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-          cwd=testing.HERE, env=self.env(server.url + "/a.tgz"))
+      try:
+        proc = subprocess.Popen(
+            [sys.executable, testing.SCRIPT, "--model=test", "--num_gpus=0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=testing.HERE, env=self.env(server.url + "/a.tgz"))
+      finally:
+        signal.signal(signal.SIGINT, previous)
       lines = []
       for line in proc.stderr:
         lines.append(line)
         if line.startswith("Downloading"):
           break
       time.sleep(0.5)  # into the read of the stalled body
-      proc.send_signal(signal.SIGINT)
-      _, err = proc.communicate(timeout=60)
-    err = "".join(lines) + err
-    self.assertEqual(proc.returncode, 130, err)
+      start = time.time()
+      send(proc.pid)
+      _, err = proc.communicate(timeout=30)   # the stall lasts 60 s
+    return proc.returncode, "".join(lines) + err, time.time() - start
+
+  def testCtrlCDuringTheDownloadLeavesNothing(self):
+    returncode, err, _ = self._interrupt_download(
+        lambda pid: os.kill(pid, signal.SIGINT))
+    self._assert_stopped(returncode, err)
+
+  def testCtrlCTakenByAnotherThreadStopsTheDownloadAtOnce(self):
+    # The kernel hands a process's signal to any of its threads. Sent to one
+    # that is not the main thread (TensorFlow's, or the transfer's), it must
+    # still stop the download at once, not when the server's 60 s stall
+    # ends.
+    tgkill = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+    if tgkill is None or not os.path.isdir("/proc/self/task"):
+      self.skipTest("needs Linux's tgkill on x86_64 or aarch64")
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def to_another_thread(pid):
+      tid = max(int(t) for t in os.listdir("/proc/%d/task" % pid))
+      self.assertNotEqual(tid, pid)
+      self.assertEqual(libc.syscall(tgkill, pid, tid, signal.SIGINT), 0)
+
+    returncode, err, seconds = self._interrupt_download(to_another_thread)
+    self._assert_stopped(returncode, err)
+    self.assertLess(seconds, 30)
+
+  def _assert_stopped(self, returncode, err):
+    """The exit of a download stopped by Ctrl-C: 130, a line, no cache."""
+    self.assertEqual(returncode, 130, err)
     self.assertNotIn("Traceback", err)
     self.assertRegex(err, r"ptb_word_lm\.py: interrupted during the download "
                      r"of .*a\.tgz; nothing was kept in the cache")
