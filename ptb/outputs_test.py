@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from ptb import testing
 
-SEED = "--seed=3"
 
 
 def checksums(directory):
@@ -74,10 +73,7 @@ class OutputsTest(tf.test.TestCase):
     self.tmp = tmp.name
 
   def args(self, overrides="", *extra):
-    return ["--data_path=" + self.data, "--model=test", "--num_gpus=0", SEED,
-            "--config_overrides=" + ",".join(
-                filter(None, [testing.LEARNING_OVERRIDES, overrides]))
-            ] + list(extra)
+    return testing.learning_args(self.data, overrides) + list(extra)
 
   def run_script(self, *args, preexec_fn=None):
     proc = subprocess.run([sys.executable, testing.SCRIPT] + list(args),

@@ -67,6 +67,16 @@ LEARNING_OVERRIDES = ("hidden_size=16,vocab_size=11,max_epoch=2,"
 LEARNED_TEST_PERPLEXITY = 4.0
 
 
+def learning_args(data, overrides="", seed=3):
+  """ptb_word_lm.py's command line for a run that learns the corpus in `data`.
+
+  --model=test with LEARNING_OVERRIDES, then `overrides`, on the CPU.
+  """
+  return ["--data_path=" + data, "--model=test", "--num_gpus=0",
+          "--seed=%d" % seed, "--config_overrides=" + ",".join(
+              filter(None, [LEARNING_OVERRIDES, overrides]))]
+
+
 def run_script(*args, timeout=600, env=None):
   """Runs ptb_word_lm.py; returns (exit code, stdout, stderr)."""
   proc = subprocess.run([sys.executable, SCRIPT] + list(args),

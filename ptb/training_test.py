@@ -14,7 +14,6 @@ import tensorflow as tf
 
 from ptb import testing
 
-SEED = "--seed=3"
 
 
 def final_test_perplexity(out):
@@ -60,9 +59,7 @@ class RobustnessTest(tf.test.TestCase):
   @classmethod
   def args(cls, overrides=""):
     """The command line of the runs, with `overrides` after the learning ones."""
-    return ["--data_path=" + cls.data, "--model=test", "--num_gpus=0", SEED,
-            "--config_overrides=" + ",".join(
-                filter(None, [testing.LEARNING_OVERRIDES, overrides]))]
+    return testing.learning_args(cls.data, overrides)
 
   @classmethod
   def tearDownClass(cls):
