@@ -27,15 +27,14 @@ if __name__ == "__main__":
   # Before TensorFlow is imported: no Keras, two malloc arenas.
   monitor.reduce_memory_footprint()
 
-from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags
+from absl import flags  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
 from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
+from ptb import errors
 from ptb import kernels
-from ptb.errors import UserError
 import ptb_word_lm
 import reader
 
@@ -176,10 +175,7 @@ def main(_):
       FLAGS.cpu_towers)
   session_config = devices_lib.session_config(
       devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
-  try:
-    train_data = reader.ptb_raw_data(data_lib.resolve(FLAGS.data_path))[0]
-  except reader.DataError as e:
-    raise UserError(str(e)) from None
+  train_data = reader.ptb_raw_data(data_lib.resolve(FLAGS.data_path))[0]
   # The ceiling is measured before and after each combination, and the
   # higher of the two counts: the machine's speed drifts from minute to
   # minute, and a ceiling taken once, in a slow minute, made a large run's
@@ -218,4 +214,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  ptb_word_lm.run_main(main)
+  errors.run_main(main)

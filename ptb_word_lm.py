@@ -50,8 +50,7 @@ if __name__ == "__main__":
   # Before TensorFlow is imported: no Keras, two malloc arenas.
   monitor.reduce_memory_footprint()
 
-from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags
+from absl import flags  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
 
@@ -60,6 +59,8 @@ from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb import dropout
+from ptb import errors
+from ptb import extra_flags
 from ptb import lstm
 from ptb import outputs
 from ptb import softmax
@@ -67,7 +68,7 @@ from ptb import training
 from ptb import wavefront
 # The original's mode names, for the configs and the users of this module.
 from ptb.config import AUTO, BASIC, BLOCK, CUDNN
-from ptb.errors import Stop, UserError
+from ptb.errors import UserError
 import reader
 import util
 
@@ -92,48 +93,9 @@ flags.DEFINE_string(
     "config_overrides", None,
     "Comma-separated field=value pairs that change the chosen config for this "
     "run, e.g. max_epoch=1,max_max_epoch=2.")
-flags.DEFINE_integer(
-    "cpu_towers", 1,
-    "With --num_gpus=0: train with this many towers on virtual CPU devices "
-    "(tests the multi-tower path without GPUs; it is not faster).")
-flags.DEFINE_integer("intra_op_threads", 0,
-                     "Threads inside one op; 0 lets TensorFlow choose.")
-flags.DEFINE_integer("inter_op_threads", 0,
-                     "Ops run in parallel; 0 lets TensorFlow choose.")
-flags.DEFINE_integer(
-    "eval_unroll", 20,
-    "Time steps per session call of validation and test (an in-graph unroll "
-    "of consecutive windows; the same perplexities as one window a call).")
-flags.DEFINE_integer(
-    "seed", None,
-    "Graph-level random seed, for reproducible initialisation and dropout; "
-    "unset, every run draws its own (as the original did).")
-flags.DEFINE_integer(
-    "save_every_steps", 0,
-    "With --save_path, also save a checkpoint every this many training "
-    "steps (0: only at the end of every epoch).")
-flags.DEFINE_string(
-    "memory_log", None,
-    "Write a CSV of the process's RSS (and GPU memory) over time here, with "
-    "the phase, epoch and step of the run.")
-flags.DEFINE_float("memory_interval", 2.0,
-                   "Seconds between two --memory_log samples.")
-flags.DEFINE_string(
-    "summary_json", None,
-    "Write a JSON summary of the run here (rewritten after every epoch).")
-flags.DEFINE_string("job_name", None,
-                    "Multi-process training: this task's job, ps or worker.")
-flags.DEFINE_integer("task_index", 0, "Index of this task within its job.")
-flags.DEFINE_string("ps_hosts", None,
-                    "Comma-separated host:port of the parameter servers.")
-flags.DEFINE_string("worker_hosts", None,
-                    "Comma-separated host:port of the workers (the first is "
-                    "the chief).")
-flags.DEFINE_float(
-    "cluster_timeout", 300.0,
-    "Seconds a task waits for the others (to start, to make progress) "
-    "before it stops with an error instead of hanging.")
-
+# The flags this port adds (threads, seed, checkpoints, memory log, cluster)
+# live in ptb/extra_flags.py; --help lists them with these.
+flags.adopt_module_key_flags(extra_flags)
 FLAGS = flags.FLAGS
 
 
@@ -257,8 +219,8 @@ class PTBInput(object):
 
   def steps_in_call(self, call):
     """Real (unpadded) windows in session call number `call`."""
-    left = self.epoch_size - call * self.steps_per_call
-    return min(self.steps_per_call, left)
+    return min(self.steps_per_call,
+               self.epoch_size - call * self.steps_per_call)
 
 
 class PTBModel(object):
@@ -285,9 +247,6 @@ class PTBModel(object):
     """
     self._is_training = is_training
     self._input = input_
-    self._rnn_mode = config.rnn_mode
-    self._num_layers = config.num_layers
-    self._num_towers = len(devices)
     dtype = data_type(use_fp16)
 
     with tf.device(util.variable_device(devices)):
@@ -299,11 +258,8 @@ class PTBModel(object):
             tf.float32, shape=[], name="new_learning_rate")
         self._lr_update = tf.compat.v1.assign(self._lr, self._new_lr)
 
-    tower_inputs = zip(
-        util.split_rows(input_.input_data, self._num_towers),
-        util.split_rows(input_.targets, self._num_towers),
-        (util.split_rows(input_.weights, self._num_towers)
-         if input_.weights is not None else [None] * self._num_towers))
+    tower_inputs = zip(*(util.split_rows(t, len(devices)) for t in (
+        input_.input_data, input_.targets, input_.weights)))
     costs, tower_grads, self._states = [], [], []
     for k, (device, (x, y, w)) in enumerate(zip(devices, tower_inputs)):
       with tf.device(device), tf.name_scope("tower_%d" % k):
@@ -379,16 +335,12 @@ class PTBModel(object):
     # Dropout as explicit masks, on the embeddings, between layers and
     # before the softmax: the BASIC wavefront applies the ones between
     # layers a chunk at a time.
-    masks = {}
-    if keep_prob < 1:
-      shape = [input_data.shape[1], batch_size, size]
-      masks = {"input": dropout.mask(shape, keep_prob, dtype),
-               "layers": [dropout.mask(shape, keep_prob, dtype)
-                          for _ in range(num_layers - 1)],
-               "output": dropout.mask(shape, keep_prob, dtype)}
+    masks = dropout.model_masks([input_data.shape[1], batch_size, size],
+                                keep_prob, num_layers, dtype)
+    if masks:
       inputs *= masks["input"]
     inputs, final_state = lstm.lstm_stack(
-        self._rnn_mode, inputs, initial_state, params[1:-2:2], params[2:-2:2],
+        config.rnn_mode, inputs, initial_state, params[1:-2:2], params[2:-2:2],
         masks.get("layers"), chunk=wavefront.wavefront_chunk(size))
     if masks:
       inputs *= masks["output"]
@@ -450,10 +402,6 @@ class PTBModel(object):
     return self._reset_state
 
   @property
-  def num_towers(self):
-    return self._num_towers
-
-  @property
   def state_variables(self):
     """Each tower's `[layers, 2, batch, hidden]` LSTM state variable."""
     return [s["var"] for s in self._states]
@@ -506,15 +454,7 @@ def run_epoch(session, model, eval_op=None, verbose=False, start=None,
 
 def get_config(model, rnn_mode=None):
   """Returns a fresh config instance for `model`, with `rnn_mode` if given."""
-  if model not in CONFIGS:
-    # The original raised ValueError("Invalid model: %s", model): a tuple,
-    # never formatted. Here the message is formatted and lists the choices.
-    raise UserError("Invalid model: %s; valid values are %s"
-                    % (model, ", ".join(CONFIGS)), exit_code=2)
-  config = CONFIGS[model]()
-  if rnn_mode:
-    config.rnn_mode = config_lib.parse_rnn_mode(rnn_mode)
-  return config
+  return config_lib.new_config(CONFIGS, model, rnn_mode)
 
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
@@ -540,55 +480,33 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
                  replica=(0, 1)):
-  """Builds the Train, Valid and Test models, sharing one set of variables.
+  """The Train, Valid and Test models under "train", "valid" and "test".
 
-  Validation and test run `eval_unroll // num_steps` windows per session
-  call (an in-graph unroll over consecutive windows, state carried inside):
-  the same numbers as one window per call, in far fewer calls.
-
-  Returns:
-    A dict with the models under "train", "valid" and "test".
+  They share one set of variables. Validation and test run `eval_unroll //
+  num_steps` consecutive windows per session call, unrolled in the graph
+  with the state carried inside: the same numbers in far fewer calls.
   """
   train_data, valid_data, test_data = data
-  return {
-      "train": build_model("Train", True, config, train_data, devices,
-                           use_fp16, replica=replica),
-      "valid": build_model("Valid", False, config, valid_data, devices[:1],
-                           use_fp16, max(1, eval_unroll // config.num_steps),
-                           reuse=True),
-      "test": build_model("Test", False, eval_config, test_data, devices[:1],
-                          use_fp16,
-                          max(1, eval_unroll // eval_config.num_steps),
-                          reuse=True),
-  }
-
-
-def train(config, eval_config, data, devices, options):
-  """Trains, validates and tests; prints the SPEC lines.
-
-  Args:
-    config, eval_config: the training and the test configs.
-    data: (train_ids, valid_ids, test_ids).
-    devices: training tower devices.
-    options: dict of plain values from the flags (see main).
-  """
-  training.TrainingRun(config, eval_config, data, devices, options,
-                       build_models, run_epoch).run()
+  models = {"train": build_model("Train", True, config, train_data, devices,
+                                 use_fp16, replica=replica)}
+  for name, eval_cfg, ids in (("Valid", config, valid_data),
+                              ("Test", eval_config, test_data)):
+    models[name.lower()] = build_model(
+        name, False, eval_cfg, ids, devices[:1], use_fp16,
+        max(1, eval_unroll // eval_cfg.num_steps), reuse=True)
+  return models
 
 
 def main(_):
   start_time = time.time()
   config_lib.check_flag_ranges(
       {name: FLAGS[name].value for name in config_lib.FLAG_RANGES})
-  try:
-    cluster = cluster_lib.from_flags(
-        FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
-        os.environ.get("TF_CONFIG"))
-    if cluster and cluster.job_name == "ps":
-      cluster_lib.run_ps(cluster, FLAGS.cluster_timeout)
-      return
-  except cluster_lib.ClusterError as e:
-    raise UserError(str(e), exit_code=2) from None
+  cluster = cluster_lib.from_flags(
+      FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
+      os.environ.get("TF_CONFIG"))
+  if cluster and cluster.job_name == "ps":
+    cluster_lib.run_ps(cluster, FLAGS.cluster_timeout)
+    return
   if cluster and FLAGS.save_every_steps:
     raise UserError("--save_every_steps is for one process: a cluster saves "
                     "at the end of every epoch", exit_code=2)
@@ -609,41 +527,22 @@ def main(_):
              "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout,
              "summary": training.summary_header(sys.argv, FLAGS.model, config,
                                                 devices)}
-  data_path = data_lib.resolve(FLAGS.data_path)
+  workers = len(cluster.worker_hosts) if cluster else 1
+  data = reader.load_data(
+      data_lib.resolve(FLAGS.data_path), config.vocab_size,
+      (config.batch_size * len(devices) * workers, config.batch_size, 1),
+      (config.num_steps, config.num_steps, 1))
+  # Once the input is known to be good: a refused run writes nothing.
+  outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
+  options["sampler"] = sampler = training.start_sampler(
+      FLAGS.memory_log, FLAGS.memory_interval, devices)
   try:
-    data = reader.load_data(data_path, config.vocab_size, (
-        config.batch_size * len(devices) *
-        (len(cluster.worker_hosts) if cluster else 1),
-        config.batch_size, 1), (config.num_steps, config.num_steps, 1))
-    # Once the input is known to be good: a refused run writes nothing.
-    outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
-    options["sampler"] = sampler = training.start_sampler(
-        FLAGS.memory_log, FLAGS.memory_interval, devices)
-  except reader.DataError as e:
-    raise UserError(str(e)) from None
-  try:
-    train(config, eval_config, data, devices, options)
-  except reader.DataError as e:
-    raise UserError(str(e)) from None
+    training.TrainingRun(config, eval_config, data, devices, options,
+                         build_models, run_epoch).run()
   finally:
     if sampler is not None:
       sampler.stop()
 
 
-def run_main(main_fn=None):
-  """Entry point: graph mode, and user errors as one line without traceback."""
-  tf.compat.v1.disable_eager_execution()
-  # Saver's "Restoring parameters" lines and deprecation notices of the
-  # TF1 API this port deliberately uses are noise next to its output.
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-  try:
-    app.run(main_fn or main)
-  except Stop as e:
-    print("%s: %s%s" % (os.path.basename(sys.argv[0]),
-                        "error: " if isinstance(e, UserError) else "", e),
-          file=sys.stderr)
-    sys.exit(e.exit_code)
-
-
 if __name__ == "__main__":
-  run_main()
+  errors.run_main(main)

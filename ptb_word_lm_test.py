@@ -538,14 +538,13 @@ class LearningRateScheduleTest(tf.test.TestCase):
                                zip(session.run(weights), before))))
       return result
 
-    with mock.patch.object(ptb_word_lm, "run_epoch", run_epoch):
-      ptb_word_lm.train(
-          config, eval_config, data, ["/cpu:0"],
-          {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
-           "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
-           "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
-           "cluster": None, "cluster_timeout": 60.0, "summary": {},
-           "sampler": None})
+    training.TrainingRun(
+        config, eval_config, data, ["/cpu:0"],
+        {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
+         "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
+         "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
+         "cluster": None, "cluster_timeout": 60.0, "summary": {},
+         "sampler": None}, ptb_word_lm.build_models, run_epoch).run()
     self.assertAllClose(np.array(moved) / config.max_grad_norm,
                         [1.0, 1.0, 0.5, 0.25, 0.125], rtol=1e-3)
 
@@ -559,6 +558,8 @@ class StartupTest(tf.test.TestCase):
           [sys.executable, "-X", "importtime", script, "--helpshort"],
           capture_output=True, text=True, timeout=600, cwd=HERE)
       self.assertIn("--data_path", proc.stdout, msg=proc.stderr[-2000:])
+      if script == "ptb_word_lm.py":  # with the flags of ptb/extra_flags.py
+        self.assertIn("--save_every_steps", proc.stdout)
       imported = [line.rsplit("|", 1)[-1].strip()
                   for line in proc.stderr.splitlines()
                   if line.startswith("import time:")]
@@ -600,6 +601,11 @@ class ErrorTest(tf.test.TestCase):
   def testUnknownModel(self):
     self.assertUserError(["--data_path=/x", "--model=huge", "--num_gpus=0"],
                          "huge.*small, medium, large, test", code=2)
+
+  def testBadClusterDescription(self):
+    self.assertUserError(["--data_path=/x", "--num_gpus=0", "--job_name=chief",
+                          "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2"],
+                         "--job_name=chief: must be ps or worker", code=2)
 
   def testUnknownRnnMode(self):
     self.assertUserError(["--data_path=/x", "--rnn_mode=fancy",

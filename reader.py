@@ -10,11 +10,16 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from ptb.errors import UserError
+
 FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
 
 
-class DataError(ValueError):
-  """The corpus cannot be used; the message says what to do about it."""
+class DataError(UserError, ValueError):
+  """The corpus cannot be used; the message says what to do about it.
+
+  A UserError: the entry points print it as one error line (exit code 1).
+  """
 
 
 def _read_words(filename):

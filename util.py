@@ -46,10 +46,11 @@ def split_rows(tensor, num_towers):
 
   Tower k gets rows `[k*batch, (k+1)*batch)`: each row is one contiguous
   stream of the corpus, so each tower owns its streams and carries their
-  LSTM state from step to step exactly as a single device would.
+  LSTM state from step to step exactly as a single device would. A None
+  tensor (no weights) gives None to every tower.
   """
-  if num_towers == 1:
-    return [tensor]
+  if tensor is None or num_towers == 1:
+    return [tensor] * num_towers
   return tf.split(tensor, num_towers, axis=0)
 
 

@@ -92,6 +92,12 @@ class TowerTest(tf.test.TestCase):
     self.assertEqual(util.variable_device(["/gpu:0"]), "/gpu:0")
     self.assertEqual(util.variable_device(["/gpu:0", "/gpu:1"]), "/cpu:0")
 
+  def testSplitRowsGivesEachTowerItsBlock(self):
+    rows = util.split_rows(tf.reshape(tf.range(12), [6, 2]), 3)
+    self.assertAllEqual([self.evaluate(r)[:, 0] for r in rows],
+                        [[0, 2], [4, 6], [8, 10]])
+    self.assertEqual(util.split_rows(None, 3), [None, None, None])
+
   def testAverageGradientsDenseAndSparse(self):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
       dense = [tf.constant([1.0, 2.0]), tf.constant([3.0, 6.0])]

@@ -14,12 +14,17 @@ import time
 
 import tensorflow as tf
 
+from ptb.errors import UserError
+
 Cluster = collections.namedtuple(
     "Cluster", ("job_name", "task_index", "ps_hosts", "worker_hosts"))
 
 
-class ClusterError(Exception):
+class ClusterError(UserError):
   """The cluster is misconfigured or a task was lost; one line says which."""
+
+  def __init__(self, message):
+    super().__init__(message, exit_code=2)
 
 
 def _hosts(text):

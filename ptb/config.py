@@ -61,6 +61,25 @@ _MAX_INTS = {"num_layers": 1000, "num_steps": 100000, "hidden_size": 100000,
              "batch_size": 1000000, "vocab_size": 100000000}
 
 
+def new_config(configs, model, rnn_mode=None):
+  """A fresh instance of configs[model], with `rnn_mode` if given.
+
+  Args:
+    configs: {name: config class}.
+    model: the --model value.
+    rnn_mode: the --rnn_mode value, or None to keep the class's.
+  """
+  if model not in configs:
+    # The original raised ValueError("Invalid model: %s", model): a tuple,
+    # never formatted. Here the message is formatted and lists the choices.
+    raise UserError("Invalid model: %s; valid values are %s"
+                    % (model, ", ".join(configs)), exit_code=2)
+  config = configs[model]()
+  if rnn_mode:
+    config.rnn_mode = parse_rnn_mode(rnn_mode)
+  return config
+
+
 def validate_config(config):
   """Refuses values that cannot train, with the field named."""
   for name, limit in _MAX_INTS.items():

@@ -15,3 +15,25 @@ def mask(shape, keep_prob, dtype):
   """
   keep = tf.random.uniform(shape) >= 1 - keep_prob
   return tf.cast(keep, dtype) / tf.cast(keep_prob, dtype)
+
+
+def model_masks(shape, keep_prob, num_layers, dtype):
+  """The model's masks, {} when keep_prob is 1.
+
+  Args:
+    shape: `[steps, batch, hidden]` of every mask.
+    keep_prob: the config's keep probability (1.0 outside training).
+    num_layers: the LSTM layers.
+    dtype: the model's dtype.
+
+  Returns:
+    {"input": on the embeddings, "layers": one per layer but the last, on
+    its outputs, "output": before the softmax}, drawn in that order (with a
+    graph seed, the order fixes each mask's draws).
+  """
+  if keep_prob >= 1:
+    return {}
+  return {"input": mask(shape, keep_prob, dtype),
+          "layers": [mask(shape, keep_prob, dtype)
+                     for _ in range(num_layers - 1)],
+          "output": mask(shape, keep_prob, dtype)}

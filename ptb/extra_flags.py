@@ -1,0 +1,51 @@
+"""The flags this port adds to the tutorial's.
+
+ptb_word_lm.py defines the tutorial's own flags (and --config_overrides);
+importing this module defines the rest: devices and threads, evaluation,
+seeding, checkpoints, the memory log and summary, and the cluster. They are
+read only by the entry points (ptb_word_lm.main, benchmark.py).
+"""
+
+from absl import flags
+
+flags.DEFINE_integer(
+    "cpu_towers", 1,
+    "With --num_gpus=0: train with this many towers on virtual CPU devices "
+    "(tests the multi-tower path without GPUs; it is not faster).")
+flags.DEFINE_integer("intra_op_threads", 0,
+                     "Threads inside one op; 0 lets TensorFlow choose.")
+flags.DEFINE_integer("inter_op_threads", 0,
+                     "Ops run in parallel; 0 lets TensorFlow choose.")
+flags.DEFINE_integer(
+    "eval_unroll", 20,
+    "Time steps per session call of validation and test (an in-graph unroll "
+    "of consecutive windows; the same perplexities as one window a call).")
+flags.DEFINE_integer(
+    "seed", None,
+    "Graph-level random seed, for reproducible initialisation and dropout; "
+    "unset, every run draws its own (as the original did).")
+flags.DEFINE_integer(
+    "save_every_steps", 0,
+    "With --save_path, also save a checkpoint every this many training "
+    "steps (0: only at the end of every epoch).")
+flags.DEFINE_string(
+    "memory_log", None,
+    "Write a CSV of the process's RSS (and GPU memory) over time here, with "
+    "the phase, epoch and step of the run.")
+flags.DEFINE_float("memory_interval", 2.0,
+                   "Seconds between two --memory_log samples.")
+flags.DEFINE_string(
+    "summary_json", None,
+    "Write a JSON summary of the run here (rewritten after every epoch).")
+flags.DEFINE_string("job_name", None,
+                    "Multi-process training: this task's job, ps or worker.")
+flags.DEFINE_integer("task_index", 0, "Index of this task within its job.")
+flags.DEFINE_string("ps_hosts", None,
+                    "Comma-separated host:port of the parameter servers.")
+flags.DEFINE_string("worker_hosts", None,
+                    "Comma-separated host:port of the workers (the first is "
+                    "the chief).")
+flags.DEFINE_float(
+    "cluster_timeout", 300.0,
+    "Seconds a task waits for the others (to start, to make progress) "
+    "before it stops with an error instead of hanging.")
