@@ -17,7 +17,9 @@ import time
 
 import tensorflow as tf
 
+from ptb import config as config_lib
 from ptb import testing
+from ptb.errors import UserError
 
 
 
@@ -272,11 +274,18 @@ class OutputsTest(tf.test.TestCase):
   # 5. Every numeric flag's range.
 
   def testFlagRanges(self):
-    for flag, value in (("eval_unroll", "0"), ("memory_interval", "0"),
-                        ("save_every_steps", "-1"), ("cluster_timeout", "0"),
-                        ("intra_op_threads", "-1"), ("inter_op_threads", "-1"),
-                        ("task_index", "-1"), ("seed", "-1"),
-                        ("num_gpus", "-1"), ("cpu_towers", "0")):
+    bad = {"eval_unroll": 0, "memory_interval": 0.0, "save_every_steps": -1,
+           "cluster_timeout": 0.0, "intra_op_threads": -1,
+           "inter_op_threads": -1, "task_index": -1, "seed": -1,
+           "num_gpus": -1, "cpu_towers": 0}
+    self.assertCountEqual(bad, config_lib.FLAG_RANGES)
+    for flag, value in bad.items():
+      with self.assertRaisesRegex(UserError, r"--%s=\S+ must be" % flag) as e:
+        config_lib.check_flag_ranges({flag: value})
+      self.assertEqual(e.exception.exit_code, 2)
+    # Through the script (main passes every flag of FLAG_RANGES), an int
+    # flag and a float one.
+    for flag, value in (("seed", "-1"), ("memory_interval", "0")):
       self.assertRefused(self.args("", "--%s=%s" % (flag, value)),
                          r"--%s=\S+ must be" % flag, code=2)
 

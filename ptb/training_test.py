@@ -12,7 +12,10 @@ import tempfile
 
 import tensorflow as tf
 
+from ptb import config as config_lib
 from ptb import testing
+from ptb.errors import UserError
+import ptb_word_lm
 
 
 
@@ -210,21 +213,26 @@ class BadInputTest(tf.test.TestCase):
                          "a directory")
 
   def testNonPositiveAndAbsurdConfigValues(self):
+    for override, pattern in (
+        ("num_steps=0", "num_steps=0 must be a positive integer"),
+        ("hidden_size=-4", "hidden_size=-4 must be a positive integer"),
+        ("learning_rate=0", "learning_rate=0.0 must be a positive number"),
+        ("init_scale=nan", "init_scale=nan must be a positive number"),
+        ("hidden_size=1000000000", "hidden_size=1000000000 is absurdly "
+         "large"),
+        ("batch_size=10000000", "batch_size=10000000 is absurdly large")):
+      with self.assertRaisesRegex(UserError, pattern) as e:
+        config_lib.resolve_config(ptb_word_lm.get_config("test"), 0, override)
+      self.assertEqual(e.exception.exit_code, 2)
+    # Through the script: refused before anything is written.
     with tempfile.TemporaryDirectory() as tmp:
       testing.make_corpus(tmp)
       save = os.path.join(tmp, "save")
-      common = ["--data_path=" + tmp, "--num_gpus=0", "--model=test",
-                "--save_path=" + save]
-      for override, pattern in (
-          ("num_steps=0", "num_steps=0 must be a positive integer"),
-          ("hidden_size=-4", "hidden_size=-4 must be a positive integer"),
-          ("learning_rate=0", "learning_rate=0.0 must be a positive number"),
-          ("init_scale=nan", "init_scale=nan must be a positive number"),
-          ("hidden_size=1000000000", "hidden_size=1000000000 is absurdly "
-           "large"),
-          ("batch_size=10000000", "batch_size=10000000 is absurdly large")):
-        self.assertRefused(common + ["--config_overrides=" + override],
-                           pattern, code=2, save=save)
+      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0", "--model=test",
+                          "--save_path=" + save,
+                          "--config_overrides=num_steps=0"],
+                         "num_steps=0 must be a positive integer", code=2,
+                         save=save)
 
   def testCorpusTooShortWritesNothing(self):
     with tempfile.TemporaryDirectory() as tmp:
