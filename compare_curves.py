@@ -20,11 +20,10 @@ import subprocess
 import sys
 import time
 
-from absl import app
 from absl import flags
 
 from ptb import data as data_lib
-from ptb.errors import Stop
+from ptb import errors
 from ptb.errors import UserError
 
 flags.DEFINE_string("data_path", None,
@@ -121,13 +120,5 @@ def main(_):
   print("\n".join(table(ours, peer, FLAGS.fraction)))
 
 
-def run_main():
-  try:
-    app.run(main)
-  except Stop as e:
-    print("compare_curves.py: error: %s" % e, file=sys.stderr)
-    sys.exit(e.exit_code)
-
-
 if __name__ == "__main__":
-  run_main()
+  errors.run_main(main, graph_mode=False)

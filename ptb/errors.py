@@ -25,17 +25,25 @@ def warn(message):
         file=sys.stderr, flush=True)
 
 
-def run_main(main_fn):
-  """Entry point: graph mode, and a Stop as one line without traceback."""
+def run_main(main_fn, graph_mode=True):
+  """Entry point: runs main_fn under absl; a Stop ends it as one line.
+
+  Args:
+    main_fn: the script's main(argv).
+    graph_mode: set TensorFlow up for this port's TF1 graphs first
+      (compare_curves.py, which only starts other scripts, runs without
+      TensorFlow).
+  """
   # pylint: disable=g-import-not-at-top
-  # Imported here: ptb_word_lm imports this module before TensorFlow, which
-  # must come after monitor.reduce_memory_footprint().
+  # Imported here: monitor imports this module, and the entry points import
+  # monitor before TensorFlow (monitor.reduce_memory_footprint()).
   from absl import app
-  import tensorflow as tf
-  tf.compat.v1.disable_eager_execution()
-  # Saver's "Restoring parameters" lines and deprecation notices of the
-  # TF1 API this port deliberately uses are noise next to its output.
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+  if graph_mode:
+    import tensorflow as tf
+    tf.compat.v1.disable_eager_execution()
+    # Saver's "Restoring parameters" lines and deprecation notices of the
+    # TF1 API this port deliberately uses are noise next to its output.
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
   try:
     app.run(main_fn)
   except Stop as e:
