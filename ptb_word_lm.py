@@ -245,12 +245,13 @@ class PTBModel(object):
         (between-graph replication); with several, each step's update is
         the average of one gradient from each (util.synchronous_update).
     """
-    self._is_training = is_training
     self._input = input_
     dtype = data_type(use_fp16)
 
     with tf.device(util.variable_device(devices)):
       params = self._create_variables(config, dtype)
+      seeds = dropout.tower_seeds(
+          len(devices), is_training and config.keep_prob < 1)
       if is_training:
         self._lr = tf.compat.v1.Variable(0.0, trainable=False,
                                          name="learning_rate")
@@ -258,12 +259,12 @@ class PTBModel(object):
             tf.float32, shape=[], name="new_learning_rate")
         self._lr_update = tf.compat.v1.assign(self._lr, self._new_lr)
 
-    tower_inputs = zip(*(util.split_rows(t, len(devices)) for t in (
+    rows = zip(*(util.split_rows(t, len(devices)) for t in (
         input_.input_data, input_.targets, input_.weights)))
     costs, tower_grads, self._states = [], [], []
-    for k, (device, (x, y, w)) in enumerate(zip(devices, tower_inputs)):
+    for k, (device, seed, (x, y, w)) in enumerate(zip(devices, seeds, rows)):
       with tf.device(device), tf.name_scope("tower_%d" % k):
-        cost, state = self._build_tower(x, y, w, params, config, dtype)
+        cost, state = self._build_tower(x, y, w, params, config, dtype, seed)
         costs.append(cost)
         self._states.append(state)
         if is_training:
@@ -305,12 +306,14 @@ class PTBModel(object):
     params.append(tf.compat.v1.get_variable("softmax_b", [vocab], dtype))
     return params
 
-  def _build_tower(self, input_data, targets, weights, params, config, dtype):
+  def _build_tower(self, input_data, targets, weights, params, config, dtype,
+                   seed):
     """Builds one tower's forward pass and cost.
 
     Args:
       input_data, targets: int32 `[batch, steps]`.
       weights: float32 `[batch, steps]` or None (all ones).
+      seed: int64 `[2]`, this tower's dropout seed, or None (no dropout).
 
     Returns:
       (cost, state) where cost is the sum over time of the batch-averaged
@@ -320,7 +323,6 @@ class PTBModel(object):
     embedding, softmax_w, softmax_b = params[0], params[-2], params[-1]
     batch_size = input_data.shape[0]
     size, num_layers = config.hidden_size, config.num_layers
-    keep_prob = config.keep_prob if self._is_training else 1.0
 
     # The original fed the state through feed_dict, and with --num_gpus=0
     # it re-imported zero replicas of the training state: nothing was fed
@@ -332,11 +334,9 @@ class PTBModel(object):
 
     # Time-major from here on: [steps, batch, ...].
     inputs = tf.nn.embedding_lookup(embedding, tf.transpose(input_data))
-    # Dropout as explicit masks, on the embeddings, between layers and
-    # before the softmax: the BASIC wavefront applies the ones between
-    # layers a chunk at a time.
+    # Dropout masks (dropout.py): the wavefront applies those between layers.
     masks = dropout.model_masks([input_data.shape[1], batch_size, size],
-                                keep_prob, num_layers, dtype)
+                                config.keep_prob, num_layers, dtype, seed)
     if masks:
       inputs *= masks["input"]
     inputs, final_state = lstm.lstm_stack(

@@ -253,6 +253,39 @@ class DropoutTest(tf.test.TestCase):
                           rtol=1e-5, msg=mode)
       self.assertNotAllClose(cost, reference_cost(weights, rows), rtol=1e-3)
 
+  def testMasksFollowFromTheSavedKeyAndCountAndDifferByTower(self):
+    # What a checkpoint carries (the key and the count of calls) fixes the
+    # masks, so a resumed run draws what the uninterrupted one would have.
+    config = self._config(0.5)
+    config.batch_size = 4  # rows per tower
+    rows = np.concatenate([self._rows(config, 3), self._rows(config, 4)])
+    with tf.Graph().as_default():
+      tf.compat.v1.set_random_seed(7)
+      model = build_tiny_model(config, rows, ptb_word_lm.BASIC,
+                               devices=("/cpu:0", "/cpu:0"))
+      seed_vars = {v.op.name: v for v in tf.compat.v1.global_variables()
+                   if v.op.name.startswith("dropout/")}
+      self.assertCountEqual(seed_vars, ["dropout/key", "dropout/draws"])
+      towers = [s["dropout"] for s in model._states]  # pylint: disable=protected-access
+      with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        first, second = sess.run(towers), sess.run(towers)
+        self.assertEqual(sess.run(seed_vars["dropout/draws"]), 2)
+        seed_vars["dropout/draws"].load(1, sess)
+        again = sess.run(towers)
+        seed_vars["dropout/key"].load(sess.run(seed_vars["dropout/key"]) + 1,
+                                      sess)
+        seed_vars["dropout/draws"].load(1, sess)
+        other_key = sess.run(towers)
+    for tower in range(2):
+      for place in ("input", "output"):
+        self.assertAllEqual(again[tower][place], second[tower][place])
+        self.assertFalse(np.array_equal(first[tower][place],
+                                        second[tower][place]))
+        self.assertFalse(np.array_equal(other_key[tower][place],
+                                        second[tower][place]))
+    self.assertFalse(np.array_equal(first[0]["input"], first[1]["input"]))
+
   def testNoDropoutInValidationAndTest(self):
     config = self._config(0.5)
     rows = self._rows(config)

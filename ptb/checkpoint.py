@@ -39,9 +39,19 @@ class Progress(object):
 class Checkpointer(object):
   """Saves and restores a run in `save_path`, refusing foreign checkpoints."""
 
-  def __init__(self, save_path, var_list):
+  def __init__(self, save_path, var_list, optional=()):
+    """A Saver of `var_list` in `save_path`.
+
+    Args:
+      save_path: the checkpoint directory.
+      var_list: the variables saved and restored.
+      optional: names of variables that a checkpoint may lack, or hold
+        when var_list does not (the dropout seed, absent without dropout
+        and before this version); restore initialises the ones it lacks.
+    """
     self._save_path = save_path
     self._var_list = var_list
+    self._optional = set(optional)
     self._saver = tf.compat.v1.train.Saver(var_list, max_to_keep=2,
                                            save_relative_paths=True)
     self._damaged = set()   # checkpoints skipped because they cannot be read
@@ -120,10 +130,16 @@ class Checkpointer(object):
     return None
 
   def check_compatible(self, ckpt):
-    """Raises UserError naming the first variable whose shape differs."""
+    """Raises UserError naming the first variable whose shape differs.
+
+    Returns:
+      The names of the optional variables that `ckpt` lacks.
+    """
     shapes = tf.train.load_checkpoint(ckpt).get_variable_to_shape_map()
     ours = {v.op.name: v.shape.as_list() for v in self._var_list}
-    for name in sorted(set(shapes) | set(ours)):
+    lacking = sorted(self._optional & set(ours) - set(shapes))
+    one_sided = self._optional - (set(ours) & set(shapes))
+    for name in sorted((set(shapes) | set(ours)) - one_sided):
       theirs, here = shapes.get(name), ours.get(name)
       if theirs != here:
         raise UserError(
@@ -134,11 +150,27 @@ class Checkpointer(object):
                 self._save_path, name,
                 "absent" if theirs is None else theirs,
                 "absent" if here is None else here))
+    return lacking
 
-  def restore(self, session, ckpt):
-    """Restores `ckpt` after checking that it fits this graph."""
-    self.check_compatible(ckpt)
-    self._saver.restore(session, ckpt)
+  def restore(self, session, ckpt, warn=None):
+    """Restores `ckpt` after checking that it fits this graph.
+
+    Optional variables that `ckpt` lacks are initialised instead, and
+    `warn` is told their names.
+    """
+    lacking = self.check_compatible(ckpt)
+    if not lacking:
+      self._saver.restore(session, ckpt)
+      return
+    present = [v for v in self._var_list if v.op.name not in lacking]
+    tf.compat.v1.train.Saver(present).restore(session, ckpt)
+    session.run([v.initializer for v in self._var_list
+                 if v.op.name in lacking])
+    if warn:
+      warn("%s has no %s (written without dropout, or by an older version): "
+           "they start afresh, so from here the run differs from an "
+           "uninterrupted one"
+           % (ckpt, ", ".join(lacking)))
 
   def save(self, session, global_step):
     """Writes a checkpoint named for the global step; returns its path.

@@ -14,6 +14,7 @@ import tensorflow as tf
 from ptb import cluster as cluster_lib
 from ptb import config as config_lib
 from ptb import devices as devices_lib
+from ptb import dropout
 from ptb import monitor
 from ptb.checkpoint import Checkpointer
 from ptb.checkpoint import Progress
@@ -136,7 +137,8 @@ class TrainingRun(object):
         # a run resumed mid-epoch continues exactly where it stopped.
         self.checkpointer = Checkpointer(
             self.save_path, tf.compat.v1.global_variables() +
-            self.m.state_variables + [self.m.input.position])
+            self.m.state_variables + [self.m.input.position],
+            optional=dropout.SEED_VARIABLES)
 
   def _session(self):
     config = devices_lib.session_config(
@@ -160,7 +162,7 @@ class TrainingRun(object):
       # Restoring initialises the variables: other workers wait for exactly
       # that, so they never see freshly initialised weights.
       session.run(self.local_init)
-      self.checkpointer.restore(session, ckpt)
+      self.checkpointer.restore(session, ckpt, warn)
     else:
       session.run([self.global_init, self.local_init])
     start = self.progress.get(session) if (ckpt or not self.chief) else (

@@ -40,6 +40,21 @@ def snapshot(directory):
           for name in sorted(os.listdir(directory)) if name != ".lock"}
 
 
+def drop_variables(ckpt, names):
+  """Rewrites the checkpoint `ckpt` without the variables `names`."""
+  values = tf.train.load_checkpoint(ckpt)
+  with tf.Graph().as_default():
+    kept = [tf.compat.v1.Variable(values.get_tensor(name), name=name)
+            for name in values.get_variable_to_shape_map()
+            if name not in names]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      tf.compat.v1.train.Saver(kept).save(session, ckpt, write_state=False,
+                                          write_meta_graph=False)
+  assert not set(names) & set(tf.train.load_checkpoint(ckpt)
+                              .get_variable_to_shape_map())
+
+
 class RobustnessTest(tf.test.TestCase):
 
   @classmethod
@@ -61,8 +76,13 @@ class RobustnessTest(tf.test.TestCase):
 
   @classmethod
   def args(cls, overrides=""):
-    """The command line of the runs, with `overrides` after the learning ones."""
-    return testing.learning_args(cls.data, overrides)
+    """The command line of the runs, with `overrides` after the learning ones.
+
+    With dropout, as medium and large train: a resumed run must draw the
+    masks the uninterrupted one drew.
+    """
+    return testing.learning_args(
+        cls.data, ",".join(filter(None, ["keep_prob=0.5", overrides])))
 
   @classmethod
   def tearDownClass(cls):
@@ -144,6 +164,29 @@ class RobustnessTest(tf.test.TestCase):
       # max_epoch is 2 and lr_decay 0.5: epoch 4 trains at 0.25.
       self.assertIn("Epoch: 4 Learning rate: 0.250", out)
       self.assertNotRegex(out, "Epoch: [123] ")
+
+  def testCheckpointWithOrWithoutTheDropoutSeedResumes(self):
+    # A checkpoint written before the masks' key and count were saved.
+    with tempfile.TemporaryDirectory() as save:
+      code, _, err = testing.run_script(
+          *(self.args("max_max_epoch=1") + ["--save_path=" + save]))
+      self.assertEqual(code, 0, err)
+      ckpt = tf.train.latest_checkpoint(save)
+      drop_variables(ckpt, ["dropout/key", "dropout/draws"])
+      code, out, err = testing.run_script(
+          *(self.args("max_max_epoch=2") + ["--save_path=" + save]))
+      self.assertEqual(code, 0, err)
+      self.assertIn("Resuming from epoch 2 step 0 of %s" % save, out)
+      self.assertIn("%s has no dropout/draws, dropout/key (written without "
+                    "dropout, or by an older version): they start afresh"
+                    % ckpt, err)
+      self.assertRegex(out, r"Epoch: 2 Valid Perplexity: \d")
+      # The other way round: a checkpoint with them, resumed without dropout.
+      code, out, err = testing.run_script(
+          *(self.args("max_max_epoch=3,keep_prob=1") + ["--save_path=" + save]))
+      self.assertEqual(code, 0, err)
+      self.assertIn("Resuming from epoch 3 step 0 of %s" % save, out)
+      self.assertNotIn("dropout/", err)
 
   def testCheckpointOfAnotherConfigurationIsRefused(self):
     with tempfile.TemporaryDirectory() as save:
