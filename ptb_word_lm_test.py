@@ -266,7 +266,8 @@ class DropoutTest(tf.test.TestCase):
       seed_vars = {v.op.name: v for v in tf.compat.v1.global_variables()
                    if v.op.name.startswith("dropout/")}
       self.assertCountEqual(seed_vars, ["dropout/key", "dropout/draws"])
-      towers = [s["dropout"] for s in model._states]  # pylint: disable=protected-access
+      states = model._states  # pylint: disable=protected-access
+      towers = [s["dropout"] for s in states]
       with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         first, second = sess.run(towers), sess.run(towers)
