@@ -155,8 +155,16 @@ class RobustnessTest(tf.test.TestCase):
   def testResumeAfterAFinishedEpochKeepsTheSchedule(self):
     with tempfile.TemporaryDirectory() as save:
       args = self.base + ["--save_path=" + save]
-      code, _, err = testing.run_script(*args)
+      code, first, err = testing.run_script(*args)
       self.assertEqual(code, 0, err)
+      # With no epoch left (docs/running.md: testing an unfinished run's
+      # weights), it only tests, and the saved weights give the same figure.
+      code, out, err = testing.run_script(*args)
+      self.assertEqual(code, 0, err)
+      self.assertIn("Resuming from epoch 4 step 0 of %s" % save, out)
+      self.assertNotIn("Epoch:", out)
+      self.assertEqual(final_test_perplexity(out),
+                       final_test_perplexity(first))
       code, out, err = testing.run_script(
           *(self.args("max_max_epoch=4") + ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
