@@ -10,8 +10,10 @@ the CPU's float32 FMA peak measured in-process in the kernels' vector width
 (isa=avx512 or avx2; likewise before and after) and the model's GFLOP/s as
 a fraction of it, peak RSS, whether the per-step recurrent products ran on
 this project's vector kernels (recurrent=kernels) or on tf.matmul
-(recurrent=matmul), and whether the softmax layer ran on its kernel
-(softmax=kernel) or on TensorFlow's softmax (softmax=ops; ptb/kernels.py).
+(recurrent=matmul), whether the softmax layer ran on its kernel
+(softmax=kernel) or on TensorFlow's softmax (softmax=ops; ptb/kernels.py),
+and whether TensorFlow's matmuls ran on oneDNN (matmul=onednn) or on Eigen
+(matmul=eigen; ptb/onednn.py).
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
@@ -23,9 +25,12 @@ import json
 import time
 
 from ptb import monitor
+from ptb import onednn
 if __name__ == "__main__":
-  # Before TensorFlow is imported: no Keras, two malloc arenas.
+  # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN's
+  # matmuls on every x86 CPU.
   monitor.reduce_memory_footprint()
+  onednn.enable()
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
@@ -159,7 +164,8 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "recurrent": recurrent,
-          "softmax": softmax}
+          "softmax": softmax,
+          "matmul": "onednn" if onednn.enabled() else "eigen"}
 
 
 def _peak_text(r):
@@ -206,7 +212,7 @@ def main(_):
             "train_flops_per_word=%(train_flops_per_word).4g "
             "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
             "mfu=%(mfu).3f %(peak)s peak_rss_mib=%(peak_rss_mib).0f "
-            "recurrent=%(recurrent)s softmax=%(softmax)s" %
+            "recurrent=%(recurrent)s softmax=%(softmax)s matmul=%(matmul)s" %
             dict(r, peak=_peak_text(r)), flush=True)
   if FLAGS.output_json:
     with open(FLAGS.output_json, "w") as f:

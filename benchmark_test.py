@@ -61,7 +61,10 @@ class BenchmarkTest(tf.test.TestCase):
            "--data_path=" + tmp, "--model=test", "--rnn_mode=BASIC,block",
            "--num_gpus=0", "--steps=3", "--warmup=1",
            "--config_overrides=vocab_size=100", "--output_json=" + out_json],
-          capture_output=True, text=True, timeout=600)
+          capture_output=True, text=True, timeout=600,
+          # benchmark.py turns oneDNN on by itself (ptb/onednn.py).
+          env={k: v for k, v in os.environ.items()
+               if k != "TF_ENABLE_ONEDNN_OPTS"})
       self.assertEqual(proc.returncode, 0, proc.stderr)
       with open(out_json) as f:
         report = json.load(f)
@@ -71,8 +74,8 @@ class BenchmarkTest(tf.test.TestCase):
     self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
                      r"train_flops_per_word=\S+ gflops=\S+ "
                      r"ceiling_gflops=\S+ mfu=\S+ %s peak_rss_mib=\d+ "
-                     r"recurrent=matmul softmax=%s$" % (_peak_fields(),
-                                                        _softmax_path()))
+                     r"recurrent=matmul softmax=%s matmul=onednn$"
+                     % (_peak_fields(), _softmax_path()))
     self.assertIn("rnn_mode=BLOCK", rows[1])
     self.assertRegex(lines[-1], r"^wps: \d+$")
     results = report["results"]
@@ -109,12 +112,14 @@ class BenchmarkTest(tf.test.TestCase):
            "--warmup=1",
            "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10"],
           capture_output=True, text=True, timeout=600,
-          env=dict(os.environ, PTB_KERNEL_DIR=tmp))
+          env=dict(os.environ, PTB_KERNEL_DIR=tmp, TF_ENABLE_ONEDNN_OPTS="0"))
       self.assertEqual(proc.returncode, 0, proc.stderr)
     rows = [l for l in proc.stdout.splitlines() if l.startswith("model=")]
     self.assertLen(rows, 1)
     self.assertTrue(rows[0].endswith(
-        " recurrent=%s softmax=%s" % (want, _softmax_path())), rows[0])
+        # The user's TF_ENABLE_ONEDNN_OPTS=0 wins.
+        " recurrent=%s softmax=%s matmul=eigen" % (want, _softmax_path())),
+        rows[0])
 
 
 class EvalUnrollTest(tf.test.TestCase):

@@ -13,6 +13,7 @@ outputs         outputs checked before work starts; the save_path lock
 data            where the PTB comes from; the checked download and cache
 training        the training run: epochs, resume, signals, summaries
 monitor         RSS, the memory log, JSON summaries, library pages
+onednn          TensorFlow's oneDNN matmuls on every x86 CPU
 cluster         multi-process training on TensorFlow's runtime
 errors          the one-line errors that end a run
 testing         helpers of the tests

@@ -16,6 +16,7 @@ from ptb import config as config_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import monitor
+from ptb import onednn
 from ptb.checkpoint import Checkpointer
 from ptb.checkpoint import Progress
 from ptb.errors import Stop
@@ -41,6 +42,7 @@ def summary_header(argv, model, config, devices):
           "rnn_mode": config.rnn_mode.upper(),
           "config": config_lib.config_fields(config),
           "tensorflow_version": tf.__version__,
+          "matmul": "onednn" if onednn.enabled() else "eigen",
           "python_version": platform.python_version(),
           "devices": devices, "epochs": [], "test_perplexity": None}
 
