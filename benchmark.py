@@ -27,8 +27,7 @@ import time
 from ptb import monitor
 from ptb import onednn
 if __name__ == "__main__":
-  # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN's
-  # matmuls on every x86 CPU.
+  # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN.
   monitor.reduce_memory_footprint()
   onednn.enable()
 
@@ -165,7 +164,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "recurrent": recurrent,
           "softmax": softmax,
-          "matmul": "onednn" if onednn.enabled() else "eigen"}
+          "matmul": onednn.matmul_library()}
 
 
 def _peak_text(r):

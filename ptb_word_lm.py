@@ -48,8 +48,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from ptb import monitor  # pylint: disable=g-bad-import-order
 from ptb import onednn  # pylint: disable=g-bad-import-order
 if __name__ == "__main__":
-  # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN's
-  # matmuls on every x86 CPU.
+  # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN.
   monitor.reduce_memory_footprint()
   onednn.enable()
 

@@ -34,3 +34,8 @@ def enabled():
   # pylint: disable=g-import-not-at-top
   from tensorflow.python.util import _pywrap_util_port
   return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def matmul_library():
+  """Names what runs this process's matmuls, for reports: onednn or eigen."""
+  return "onednn" if enabled() else "eigen"

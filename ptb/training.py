@@ -42,7 +42,7 @@ def summary_header(argv, model, config, devices):
           "rnn_mode": config.rnn_mode.upper(),
           "config": config_lib.config_fields(config),
           "tensorflow_version": tf.__version__,
-          "matmul": "onednn" if onednn.enabled() else "eigen",
+          "matmul": onednn.matmul_library(),
           "python_version": platform.python_version(),
           "devices": devices, "epochs": [], "test_perplexity": None}
 
