@@ -119,6 +119,15 @@ def _phase_spans(times, phases):
   return [tuple(span) for span in spans]
 
 
+def _resume_times(spans):
+  """Where the processes of a resumed run begin, after the first one.
+
+  A resumed run appends to its memory log, starting with a start-up phase;
+  its few seconds would not show as a span on an axis of hours.
+  """
+  return [start for phase, start, _ in spans[1:] if phase == "startup"]
+
+
 def _phase_colors(phases):
   """Maps each phase to a colour: fixed ones for known phases, spares else."""
   colors = {}
@@ -157,11 +166,15 @@ def _plot_memory(ax, rows, summary_peak):
 
   colors = _phase_colors(phases)
   seen = set()
-  for phase, start, end in _phase_spans(times, phases):
+  spans = _phase_spans(times, phases)
+  for phase, start, end in spans:
     label = None if phase in seen else phase
     seen.add(phase)
     ax.axvspan(start, end, color=colors[phase],
                alpha=0.8, lw=0, label=label, zorder=0)
+  for i, start in enumerate(_resume_times(spans)):
+    ax.axvline(start, color="0.35", ls="--", lw=1, zorder=2,
+               label=None if i else "resumed")
 
   ax.plot(times, rss, color="#08306b", lw=1.6, label="RSS", zorder=3)
   top = max(rss)
@@ -251,7 +264,8 @@ def _plot_speed(ax, epochs):
     _no_data(ax, "no finished epoch")
     return
   bars = ax.bar(xs, wps, color="#6baed6", width=0.6)
-  ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
+  if len(xs) <= 20:  # beyond, the labels overlap
+    ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
   _integer_epochs(ax, xs)
   ax.set_ylim(0, max(wps) * 1.15)
   ax.set_xlabel("epoch")

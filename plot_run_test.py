@@ -125,6 +125,15 @@ class PlotRunTest(unittest.TestCase):
     self.assertEqual(spans, [("startup", 0.0, 1.0), ("train", 1.0, 3.0),
                              ("valid", 3.0, 4.0)])
 
+  def testResumeTimesAreTheLaterStartups(self):
+    times = [0.0, 2.0, 5.0, 7.0, 9.0, 11.0, 12.0]
+    phases = ["startup", "train", "valid", "startup", "train", "startup",
+              "test"]
+    spans = plot_run._phase_spans(times, phases)  # pylint: disable=protected-access
+    resume_times = plot_run._resume_times  # pylint: disable=protected-access
+    self.assertEqual(resume_times(spans), [7.0, 11.0])
+    self.assertEqual(resume_times(spans[:3]), [])
+
   def testLoadMemoryCsvSkipsCutLastLine(self):
     path = self._path("memory.csv")
     _write_csv(path, synthetic_memory_rows())

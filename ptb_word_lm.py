@@ -527,8 +527,7 @@ def main(_):
              "save_every_steps": FLAGS.save_every_steps,
              "summary_json": FLAGS.summary_json, "start_time": start_time,
              "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout,
-             "summary": training.summary_header(sys.argv, FLAGS.model, config,
-                                                devices)}
+             "argv": sys.argv, "model": FLAGS.model}
   workers = len(cluster.worker_hosts) if cluster else 1
   data = reader.load_data(
       data_lib.resolve(FLAGS.data_path), config.vocab_size,
@@ -537,7 +536,7 @@ def main(_):
   # Once the input is known to be good: a refused run writes nothing.
   outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
   options["sampler"] = sampler = training.start_sampler(
-      FLAGS.memory_log, FLAGS.memory_interval, devices)
+      FLAGS.memory_log, FLAGS.memory_interval, devices, FLAGS.save_path)
   try:
     training.TrainingRun(config, eval_config, data, devices, options,
                          build_models, run_epoch).run()

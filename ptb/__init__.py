@@ -11,8 +11,9 @@ devices         device flags against the machine, session devices
 checkpoint      progress variables and the checkpointer
 outputs         outputs checked before work starts; the save_path lock
 data            where the PTB comes from; the checked download and cache
-training        the training run: epochs, resume, signals, summaries
-monitor         RSS, the memory log, JSON summaries, library pages
+training        the training run: epochs, resume, signals, divergence
+summary         the --summary_json file, continued by a resumed run
+monitor         RSS, the memory log, atomic JSON files, library pages
 onednn          TensorFlow's oneDNN matmuls on every x86 CPU
 cluster         multi-process training on TensorFlow's runtime
 errors          the one-line errors that end a run

@@ -36,6 +36,27 @@ class Progress(object):
     return int(epoch), int(step), float(costs)
 
 
+def candidates(save_path):
+  """The checkpoints in `save_path`, newest first; none if it is no directory."""
+  if not save_path or not os.path.isdir(save_path):
+    return []
+  try:
+    state = tf.train.get_checkpoint_state(save_path)
+  except (tf.errors.OpError, ValueError):  # a damaged `checkpoint` file
+    state = None
+  if state is not None:
+    paths = list(state.all_model_checkpoint_paths)
+    if state.model_checkpoint_path not in paths:
+      paths.append(state.model_checkpoint_path)
+  else:  # no pointer: the index files, newest first
+    names = [n[:-len(".index")] for n in os.listdir(save_path)
+             if n.startswith("model.ckpt") and n.endswith(".index")]
+    paths = sorted(names, key=lambda n: os.path.getmtime(
+        os.path.join(save_path, n + ".index")))
+  return [p if os.path.isabs(p) else os.path.join(save_path, p)
+          for p in reversed(paths)]
+
+
 class Checkpointer(object):
   """Saves and restores a run in `save_path`, refusing foreign checkpoints."""
 
@@ -69,24 +90,6 @@ class Checkpointer(object):
       raise UserError("--save_path=%s cannot be written: %s"
                       % (save_path, e.strerror or e)) from None
 
-  def _candidates(self):
-    """The checkpoints in save_path, newest first."""
-    try:
-      state = tf.train.get_checkpoint_state(self._save_path)
-    except (tf.errors.OpError, ValueError):  # a damaged `checkpoint` file
-      state = None
-    if state is not None:
-      paths = list(state.all_model_checkpoint_paths)
-      if state.model_checkpoint_path not in paths:
-        paths.append(state.model_checkpoint_path)
-    else:  # no pointer: the index files, newest first
-      names = [n[:-len(".index")] for n in os.listdir(self._save_path)
-               if n.startswith("model.ckpt") and n.endswith(".index")]
-      paths = sorted(names, key=lambda n: os.path.getmtime(
-          os.path.join(self._save_path, n + ".index")))
-    return [p if os.path.isabs(p) else os.path.join(self._save_path, p)
-            for p in reversed(paths)]
-
   @staticmethod
   def unreadable(path):
     """Why the checkpoint `path` cannot be restored, or None if it can.
@@ -113,7 +116,7 @@ class Checkpointer(object):
       UserError: there are checkpoints, and none of them can be read.
     """
     reasons = []
-    for path in self._candidates():
+    for path in candidates(self._save_path):
       reason = self.unreadable(path)
       if reason is None:
         return path

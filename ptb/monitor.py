@@ -218,6 +218,41 @@ def _column_prefix(gpu_name):
   return "".join(c for c in gpu_name.lower() if c.isalnum())
 
 
+def _log_end(path, columns):
+  """Where the memory log at `path` ends, for a resumed run to append to it.
+
+  Cuts off a last line that a killed process left unfinished.
+
+  Returns:
+    the seconds of its last row (0.0 for a header alone); None if there is
+    no log at `path`, or one of other columns, which is then to be replaced.
+  """
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    warn("the memory log %s cannot be read (%s); it is replaced"
+         % (path, e.strerror or e))
+    return None
+  whole = data.rfind(b"\n") + 1   # the bytes of its complete lines
+  lines = data[:whole].decode("utf-8", "replace").splitlines()
+  if not lines or lines[0].split(",") != list(columns):
+    if data:
+      warn("the memory log %s has other columns than %s; it is replaced"
+           % (path, ",".join(columns)))
+    return None
+  if whole < len(data):
+    os.truncate(path, whole)
+  for line in reversed(lines[1:]):
+    try:
+      return float(line.split(",")[0])
+    except ValueError:
+      continue
+  return 0.0
+
+
 class MemorySampler:
   """Logs this process's RSS to a CSV file from a background thread.
 
@@ -232,18 +267,21 @@ class MemorySampler:
   """
 
   def __init__(self, path, interval=2.0, gpu_memory_fn=None, gpu_names=(),
-               *, clock=time.monotonic, wait=None):
+               *, append=False, clock=time.monotonic, wait=None):
     """Creates a sampler; nothing is opened until start().
 
     Args:
-      path: CSV file to write (replaced if it exists).
+      path: CSV file to write (replaced if it exists, unless `append`).
       interval: seconds between samples.
       gpu_memory_fn: called as `gpu_memory_fn(name)` for each GPU name, it
         returns `{"current": bytes, "peak": bytes}` like
         tf.config.experimental.get_memory_info.
       gpu_names: device names to pass to `gpu_memory_fn`, e.g. ("GPU:0",).
+      append: continue a log with these columns found at `path` (a resumed
+        run's), its rows' seconds going on from its last row's; a log of
+        other columns is replaced, with a warning.
       clock: returns the current time in seconds; a row's `seconds` is its
-        time minus the time at start().
+        time minus the time at start() (plus, appending, the last row's).
       wait: called by the sampling thread as `wait(interval)` before each
         sample; it returns True when the thread is to end without sampling.
         The default waits on an event that stop() sets, so stop() ends the
@@ -260,6 +298,8 @@ class MemorySampler:
     if gpu_names and gpu_memory_fn is None:
       raise ValueError("gpu_names given without gpu_memory_fn")
     self._path = path
+    self._append = append
+    self._offset = 0.0   # the seconds of the appended log's last row
     self._interval = float(interval)
     self._gpu_memory_fn = gpu_memory_fn
     self._gpu_names = gpu_names
@@ -321,9 +361,12 @@ class MemorySampler:
     if self._file is not None or self._thread is not None:
       raise RuntimeError("MemorySampler already started")
     os.makedirs(os.path.dirname(os.path.abspath(self._path)), exist_ok=True)
-    self._file = open(self._path, "w", newline="")
+    end = _log_end(self._path, self.columns) if self._append else None
+    self._file = open(self._path, "w" if end is None else "a", newline="")
     self._writer = csv.writer(self._file)
-    self._writer.writerow(self.columns)
+    if end is None:
+      self._writer.writerow(self.columns)
+    self._offset = end or 0.0
     self._start_time = self._clock()
     # Written here rather than by the thread, so even a run shorter than
     # one interval has a row from its start.
@@ -376,7 +419,8 @@ class MemorySampler:
       rss = current_rss_mib()
       self._peak_rss_mib = max(self._peak_rss_mib, rss)
       phase, epoch, step = self._position
-      row = ["%.3f" % (self._clock() - self._start_time), "%.1f" % rss,
+      seconds = self._offset + self._clock() - self._start_time
+      row = ["%.3f" % seconds, "%.1f" % rss,
              phase, epoch, step]
       for name in self._gpu_names:
         row += self._gpu_row(name)

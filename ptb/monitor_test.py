@@ -367,6 +367,55 @@ class MemorySamplerTest(unittest.TestCase):
                       ["3.500", "test", "2", "7"]])  # stop()
     self.assertTrue(all(float(r[1]) > 0 for r in rows))
 
+  def _two_process_log(self, cut_last_row):
+    """A killed process's log (no stop() row), then an appending one's."""
+    with open(self._path, "w", newline="") as f:
+      f.write("seconds,rss_mib,phase,epoch,step\r\n0.000,600.0,startup,0,0\r\n"
+              "1.000,610.0,train,1,0\r\n3.500,620.0,valid,1,0\r\n")
+      if cut_last_row:
+        f.write("3.9")   # a row the kill cut short
+    clock = FakeClock(now=50.0)
+    second = monitor.MemorySampler(self._path, interval=self.HOUR,
+                                   append=True, clock=clock,
+                                   wait=_no_interval_rows).start()
+    clock.advance(2.0)
+    second.set_phase("train", 2, 0)
+    clock.advance(0.5)
+    self._stop_promptly(second)
+    header, rows = _read_csv(self._path)
+    self.assertEqual(header, list(second.columns))
+    return [[r[0]] + r[2:] for r in rows]
+
+  def testAppendContinuesTheLogAndItsSeconds(self):
+    for cut_last_row in (False, True):
+      self.assertEqual(self._two_process_log(cut_last_row), [
+          ["0.000", "startup", "0", "0"],
+          ["1.000", "train", "1", "0"],
+          ["3.500", "valid", "1", "0"],
+          ["3.500", "startup", "0", "0"],   # the second process starts
+          ["5.500", "train", "2", "0"],
+          ["6.000", "train", "2", "0"]], cut_last_row)
+
+  def testAppendReplacesALogOfOtherColumnsOrNone(self):
+    with open(self._path, "w") as f:
+      f.write("seconds,rss_mib\n0.0,100.0\n")
+    clock = FakeClock()
+    with mock.patch.object(monitor, "warn") as warn:
+      monitor.MemorySampler(self._path, interval=self.HOUR, append=True,
+                            clock=clock, wait=_no_interval_rows).start().stop()
+    warn.assert_called_once_with(
+        "the memory log %s has other columns than seconds,rss_mib,phase,"
+        "epoch,step; it is replaced" % self._path)
+    header, rows = _read_csv(self._path)
+    self.assertEqual(header, ["seconds", "rss_mib", "phase", "epoch", "step"])
+    self.assertEqual([r[0] for r in rows], ["0.000", "0.000"])
+    os.remove(self._path)
+    with mock.patch.object(monitor, "warn") as warn:  # no log: a new one
+      monitor.MemorySampler(self._path, interval=self.HOUR, append=True,
+                            clock=clock, wait=_no_interval_rows).start().stop()
+    warn.assert_not_called()
+    self.assertEqual(len(_read_csv(self._path)[1]), 2)
+
   def testGpuColumns(self):
     calls = []
 

@@ -1,22 +1,21 @@
-"""The training run: epochs, resume, signals, divergence guard, summaries.
+"""The training run: epochs, resume, signals, divergence guard.
 
 ptb_word_lm.main hands TrainingRun plain values and its own build_models and
 run_epoch; this module reads no flags.
 """
 
-import platform
 import signal
 import time
 
 import numpy as np
 import tensorflow as tf
 
+from ptb import checkpoint as checkpoint_lib
 from ptb import cluster as cluster_lib
-from ptb import config as config_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import monitor
-from ptb import onednn
+from ptb import summary as summary_lib
 from ptb.checkpoint import Checkpointer
 from ptb.checkpoint import Progress
 from ptb.errors import Stop
@@ -24,27 +23,20 @@ from ptb.errors import UserError
 from ptb.errors import warn
 
 
-def start_sampler(path, interval, devices):
-  """Starts a MemorySampler writing `path` for `devices`; None without path."""
+def start_sampler(path, interval, devices, save_path=None):
+  """Starts a MemorySampler writing `path` for `devices`; None without path.
+
+  A run that will resume from a checkpoint in `save_path` appends to the
+  log it finds at `path`, so the log holds the whole run.
+  """
   if not path:
     return None
   gpus = [d.replace("/gpu", "GPU") for d in devices if d.startswith("/gpu")]
   sampler = monitor.MemorySampler(
       path, interval, gpu_memory_fn=tf.config.experimental.get_memory_info,
-      gpu_names=gpus)
+      gpu_names=gpus, append=bool(checkpoint_lib.candidates(save_path)))
   sampler.start()
   return sampler
-
-
-def summary_header(argv, model, config, devices):
-  """The --summary_json fields known before training starts."""
-  return {"command": list(argv), "model": model,
-          "rnn_mode": config.rnn_mode.upper(),
-          "config": config_lib.config_fields(config),
-          "tensorflow_version": tf.__version__,
-          "matmul": onednn.matmul_library(),
-          "python_version": platform.python_version(),
-          "devices": devices, "epochs": [], "test_perplexity": None}
 
 
 def epoch_learning_rate(config, epoch):
@@ -106,7 +98,9 @@ class TrainingRun(object):
     self.options = options
     self.save_path = options["save_path"]
     self.sampler = options.get("sampler")
-    self.summary = options.get("summary") or {}
+    self.summary = summary_lib.Summary(
+        options.get("summary_json"), options.get("argv", ()),
+        options.get("model"), config, devices, options.get("start_time"))
     self.cluster = options.get("cluster")
     self.chief = self.cluster is None or cluster_lib.is_chief(self.cluster)
     self.devices = devices
@@ -174,6 +168,7 @@ class TrainingRun(object):
     if ckpt:
       print("Resuming from epoch %d step %d of %s"
             % (start[0] + 1, start[1], self.save_path), flush=True)
+      self.summary.resume(*start[:2])
     return start
 
   def _wait_for_chief(self, session):
@@ -198,7 +193,11 @@ class TrainingRun(object):
                       "finite; the last good checkpoint in %s is kept"
                       % (self.where["epoch"], self.save_path))
     self.progress.set(session, epoch, step, costs)
-    return self.checkpointer.save(session, self.global_step)
+    path = self.checkpointer.save(session, self.global_step)
+    # The summary's wall time then reaches the checkpoint that a resume
+    # continues from.
+    self.summary.publish("running")
+    return path
 
   def _interrupted(self, session, signum):
     where = self.where
@@ -273,20 +272,23 @@ class TrainingRun(object):
     valid_start = time.time()
     valid_perplexity = self.run_epoch(session, self.mvalid, on_step=on_step)
     print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
-    if self.checkpointer:
-      self.save(session, i + 1, 0, 0.0)
-    if writer:
-      _write_scalars(writer, session.run(self.global_step), {
-          "Training Loss": np.log(train_perplexity) * config.num_steps,
-          "Learning Rate": lr,
-          "Validation Loss": np.log(valid_perplexity) * config.num_steps})
-    self.summary.setdefault("epochs", []).append({
+    # Recorded before the save, which rewrites the summary: the epochs it
+    # holds are then those the checkpoint has finished.
+    self.summary.add_epoch({
         "epoch": i + 1, "learning_rate": lr,
         "train_perplexity": float(train_perplexity),
         "valid_perplexity": float(valid_perplexity),
         "train_wps": wps, "train_seconds": train_seconds,
         "valid_seconds": time.time() - valid_start})
-    _publish(self.summary, self.options, status="running")
+    if self.checkpointer:
+      self.save(session, i + 1, 0, 0.0)
+    else:
+      self.summary.publish("running")
+    if writer:
+      _write_scalars(writer, session.run(self.global_step), {
+          "Training Loss": np.log(train_perplexity) * config.num_steps,
+          "Learning Rate": lr,
+          "Validation Loss": np.log(valid_perplexity) * config.num_steps})
 
   def run(self):
     """Trains all epochs, tests; prints the SPEC lines."""
@@ -312,13 +314,13 @@ class TrainingRun(object):
                             step=0)
           test_perplexity = self.run_epoch(session, self.mtest, on_step=on_step)
       except Stop as e:
-        _publish(self.summary, self.options, status=(
-            "failed" if isinstance(e, UserError) else "interrupted"))
+        self.summary.publish(
+            "failed" if isinstance(e, UserError) else "interrupted")
         raise
       except tf.errors.OpError as e:
         if not self.cluster:
           raise
-        _publish(self.summary, self.options, status="failed")
+        self.summary.publish("failed")
         raise UserError(
             "worker %d lost the cluster in the %s pass of epoch %d (%s: %s); "
             "a ps or worker task stopped, or made no progress within "
@@ -329,13 +331,13 @@ class TrainingRun(object):
                self.options["cluster_timeout"])) from None
       if self.chief:
         print("Test Perplexity: %.3f" % test_perplexity)
-        self.summary["test_perplexity"] = float(test_perplexity)
+        self.summary.fields["test_perplexity"] = float(test_perplexity)
       _print_peak_memory(self.devices)
       if self.checkpointer:
         print("Saving model to %s." % self.save_path)
         self.checkpointer.save(session, self.global_step)
       session.run(self.done)
-      _publish(self.summary, self.options, status="finished")
+      self.summary.publish("finished")
       if writer:
         writer.close()
 
@@ -355,22 +357,6 @@ def _print_peak_memory(devices):
       name = "GPU:%s" % device.split(":")[-1]
       peak = tf.config.experimental.get_memory_info(name)["peak"]
       print("Peak GPU memory: %.0f MiB (%s)" % (peak / 2**20, name))
-
-
-def _publish(summary, options, status):
-  """Rewrites the --summary_json file (atomically), if one was asked for."""
-  path = options.get("summary_json")
-  if not path:
-    return
-  summary["status"] = status
-  summary["wall_seconds"] = time.time() - options["start_time"]
-  summary["peak_rss_mib"] = monitor.peak_rss_mib()
-  try:
-    monitor.write_json_atomic(path, summary)
-  except OSError as e:
-    # A summary is worth less than the run: it is written again next time.
-    warn("the summary %s could not be written (%s); it is written again "
-         "after the next epoch" % (path, e.strerror or e))
 
 
 def _write_scalars(writer, step, values):

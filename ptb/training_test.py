@@ -3,6 +3,9 @@
 The interrupt tests send real signals to a real subprocess.
 """
 
+import csv
+import itertools
+import json
 import os
 import re
 import signal
@@ -138,19 +141,50 @@ class RobustnessTest(tf.test.TestCase):
 
   def testSigkillKeepsTheLastCheckpointUsable(self):
     with tempfile.TemporaryDirectory() as save:
+      outputs = ["--summary_json=" + os.path.join(save, "summary.json"),
+                 "--memory_log=" + os.path.join(save, "memory.csv")]
       # Progress lines come at steps 10, 77 and 144 (675 steps an epoch):
       # by the third, the checkpoint of step 100 has been written.
-      self._interrupt(save, signal.SIGKILL, ["--save_every_steps=100"],
-                      progress_lines=3)
+      self._interrupt(save, signal.SIGKILL,
+                      ["--save_every_steps=100"] + outputs, progress_lines=3)
       self.assertIsNotNone(tf.train.latest_checkpoint(save))
-      code, out, err = testing.run_script(*(self.base +
+      code, out, err = testing.run_script(*(self.base + outputs +
                                             ["--save_path=" + save]))
       self.assertEqual(code, 0, err)
       match = re.search(r"^Resuming from epoch 1 step (\d+) of ", out, re.M)
       self.assertIsNotNone(match, out)
-      self.assertGreater(int(match.group(1)), 0)
-      self.assertEqual(int(match.group(1)) % 100, 0)
+      step = int(match.group(1))
+      self.assertGreater(step, 0)
+      self.assertEqual(step % 100, 0)
       self.assertResumedExactly(out)
+      self.assertSummaryAndLogHoldBothProcesses(save, step)
+
+  def assertSummaryAndLogHoldBothProcesses(self, save, step):
+    """The same command's summary and memory log describe the whole run."""
+    with open(os.path.join(save, "summary.json")) as f:
+      summary = json.load(f)
+    self.assertEqual(summary["status"], "finished")
+    self.assertEqual(
+        ["Epoch: %d Valid Perplexity: %.3f" % (e["epoch"],
+                                               e["valid_perplexity"])
+         for e in summary["epochs"]],
+        [line for line in self.reference if "Valid" in line])
+    (resume,) = summary["resumes"]
+    self.assertEqual((resume["epoch"], resume["step"]), (1, step))
+    # The killed process's time, up to its save of that step, is counted.
+    self.assertGreater(resume["wall_seconds"], 0)
+    self.assertGreater(summary["wall_seconds"], resume["wall_seconds"])
+    with open(os.path.join(save, "memory.csv"), newline="") as f:
+      rows = list(csv.reader(f))
+    self.assertEqual(rows[0], ["seconds", "rss_mib", "phase", "epoch", "step"])
+    seconds = [float(r[0]) for r in rows[1:]]
+    self.assertEqual(seconds, sorted(seconds))
+    phases = [key for key, _ in itertools.groupby(
+        (r[2], int(r[3])) for r in rows[1:])]
+    self.assertEqual(phases, [("startup", 0), ("train", 1), ("startup", 0),
+                              ("train", 1), ("valid", 1), ("train", 2),
+                              ("valid", 2), ("train", 3), ("valid", 3),
+                              ("test", 3)])
 
   def testResumeAfterAFinishedEpochKeepsTheSchedule(self):
     with tempfile.TemporaryDirectory() as save:

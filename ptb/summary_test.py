@@ -1,0 +1,149 @@
+"""Tests for summary.py: a resumed run's summary describes the whole run."""
+
+import json
+import os
+import tempfile
+import unittest
+from unittest import mock
+
+from ptb import summary as summary_lib
+from ptb import testing
+
+
+class FakeClock:
+
+  def __init__(self, now):
+    self.now = now
+
+  def __call__(self):
+    return self.now
+
+
+def _epoch(n):
+  return {"epoch": n, "valid_perplexity": 100.0 - n}
+
+
+class SummaryTest(unittest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    self.path = os.path.join(tmp.name, "summary.json")
+
+  def _process(self, started, model="test"):
+    """The Summary of a process that started at `started` on its clock."""
+    clock = FakeClock(started)
+    return summary_lib.Summary(self.path, ["ptb_word_lm.py", "--model=test"],
+                               model, testing.TinyConfig(), ["/cpu:0"],
+                               clock=clock), clock
+
+  def _read(self):
+    with open(self.path) as f:
+      return json.load(f)
+
+  def _publish(self, summary, status, peak_mib):
+    with mock.patch.object(summary_lib.monitor, "peak_rss_mib",
+                           return_value=peak_mib):
+      summary.publish(status)
+
+  def testFirstProcessWritesItsOwnFigures(self):
+    summary, clock = self._process(1000.0)
+    summary.add_epoch(_epoch(1))
+    clock.now += 30.5
+    self._publish(summary, "running", 600.0)
+    fields = self._read()
+    self.assertEqual(fields["epochs"], [_epoch(1)])
+    self.assertEqual(fields["resumes"], [])
+    self.assertEqual(fields["status"], "running")
+    self.assertEqual(fields["wall_seconds"], 30.5)
+    self.assertEqual(fields["peak_rss_mib"], 600.0)
+    self.assertEqual(fields["model"], "test")
+    self.assertEqual(fields["config"]["hidden_size"], 8)
+
+  def testResumesCarryEpochsWallTimeAndPeak(self):
+    first, clock = self._process(1000.0)
+    for n in (1, 2, 3):
+      first.add_epoch(_epoch(n))
+    clock.now += 100.0
+    self._publish(first, "running", 900.0)   # then killed
+
+    # The checkpoint had finished two epochs and 40 steps of the third:
+    # epoch 3 of the killed process is not carried, it is trained again.
+    second, clock = self._process(5000.0)
+    second.resume(2, 40)
+    second.add_epoch(dict(_epoch(3), valid_perplexity=1.5))
+    clock.now += 20.0
+    self._publish(second, "interrupted", 500.0)
+    fields = self._read()
+    self.assertEqual(fields["epochs"], [_epoch(1), _epoch(2),
+                                        dict(_epoch(3), valid_perplexity=1.5)])
+    self.assertEqual(fields["resumes"],
+                     [{"epoch": 3, "step": 40, "wall_seconds": 100.0}])
+    self.assertEqual(fields["wall_seconds"], 120.0)
+    self.assertEqual(fields["peak_rss_mib"], 900.0)   # the first process's
+
+    third, clock = self._process(9000.0)
+    third.resume(3, 0)
+    third.fields["test_perplexity"] = 2.0
+    clock.now += 5.0
+    self._publish(third, "finished", 950.0)
+    fields = self._read()
+    self.assertEqual([e["epoch"] for e in fields["epochs"]], [1, 2, 3])
+    self.assertEqual(fields["resumes"],
+                     [{"epoch": 3, "step": 40, "wall_seconds": 100.0},
+                      {"epoch": 4, "step": 0, "wall_seconds": 120.0}])
+    self.assertEqual(fields["wall_seconds"], 125.0)
+    self.assertEqual(fields["peak_rss_mib"], 950.0)
+    self.assertEqual((fields["status"], fields["test_perplexity"]),
+                     ("finished", 2.0))
+
+  def _write_earlier(self, epochs, model="test"):
+    """The summary of a killed first process that finished `epochs`."""
+    first, _ = self._process(0.0, model=model)
+    for n in epochs:
+      first.add_epoch(_epoch(n))
+    self._publish(first, "running", 1.0)
+
+  def _resume(self, epochs_done):
+    """A second process resumes; returns it and its warnings."""
+    second, _ = self._process(0.0)
+    with mock.patch.object(summary_lib, "warn") as warn:
+      second.resume(epochs_done, 0)
+    return second, [call.args[0] for call in warn.call_args_list]
+
+  def testMissingEpochsAreReported(self):
+    self._write_earlier([1, 3])
+    second, warnings = self._resume(3)
+    self.assertEqual(warnings, [
+        "the summary %s holds 2 of the 3 epochs finished before this resume; "
+        "the others stay missing from it" % self.path])
+    self.assertEqual(second.fields["epochs"], [_epoch(1), _epoch(3)])
+
+  def testAnUnreadableOrForeignSummaryIsReplaced(self):
+    with open(self.path, "w") as f:
+      f.write('{"model": "test", "epochs": [')   # cut short
+    second, warnings = self._resume(2)
+    self.assertEqual(len(warnings), 1)
+    self.assertRegex(warnings[0],
+                     r"^the summary .* cannot be read \(.*\); this process "
+                     r"writes a new one, without the epochs before the resume$")
+    self.assertEqual((second.fields["epochs"], second.fields["resumes"]),
+                     ([], []))
+
+    self._write_earlier([1], model="small")
+    second, warnings = self._resume(1)
+    self.assertEqual(warnings, [
+        "the summary %s is not of a test run (it has model 'small'); this "
+        "process replaces it" % self.path])
+    self.assertEqual(second.fields["epochs"], [])
+
+  def testNoPathWritesNothing(self):
+    summary = summary_lib.Summary(None, [], "test", testing.TinyConfig(), [])
+    summary.resume(1, 0)
+    summary.publish("finished")
+    self.assertFalse(os.path.exists(self.path))
+
+
+if __name__ == "__main__":
+  unittest.main()
