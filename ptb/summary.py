@@ -42,8 +42,6 @@ class Summary(object):
     self.path = path
     self._clock = clock
     self._start_time = clock() if start_time is None else start_time
-    self._earlier_seconds = 0.0   # wall time of the run's earlier processes
-    self._earlier_peak_mib = 0.0
     self.fields = {
         "command": list(argv), "model": model,
         "rnn_mode": config.rnn_mode.upper(),
@@ -52,7 +50,8 @@ class Summary(object):
         "matmul": onednn.matmul_library(),
         "python_version": platform.python_version(),
         "devices": list(devices), "epochs": [], "test_perplexity": None,
-        "resumes": []}
+        "resumes": [], "status": "running", "wall_seconds": 0.0,
+        "peak_rss_mib": 0.0}
 
   def add_epoch(self, record):
     """Appends one finished epoch's record (a dict with its "epoch")."""
@@ -79,13 +78,12 @@ class Summary(object):
       warn("the summary %s holds %d of the %d epochs finished before this "
            "resume; the others stay missing from it"
            % (self.path, len(epochs), epochs_done))
-    self._earlier_seconds = _number(earlier.get("wall_seconds"))
-    self._earlier_peak_mib = _number(earlier.get("peak_rss_mib"))
     self.fields["epochs"] = epochs
     self.fields["resumes"] = [
         r for r in earlier.get("resumes") or () if isinstance(r, dict)] + [{
         "epoch": epochs_done + 1, "step": step,
-        "wall_seconds": self._earlier_seconds}]
+        "wall_seconds": _number(earlier.get("wall_seconds"))}]
+    self.fields["peak_rss_mib"] = _number(earlier.get("peak_rss_mib"))
 
   def _read_earlier(self):
     """The summary already at `path`, if it is one of this run's model."""
@@ -114,10 +112,13 @@ class Summary(object):
     """
     if not self.path:
       return
+    resumes = self.fields["resumes"]
+    earlier_seconds = resumes[-1]["wall_seconds"] if resumes else 0.0
     self.fields["status"] = status
-    self.fields["wall_seconds"] = (self._earlier_seconds + self._clock() -
+    self.fields["wall_seconds"] = (earlier_seconds + self._clock() -
                                    self._start_time)
-    self.fields["peak_rss_mib"] = max(self._earlier_peak_mib,
+    # The largest of the earlier processes' peak and this one's.
+    self.fields["peak_rss_mib"] = max(self.fields["peak_rss_mib"],
                                       monitor.peak_rss_mib())
     try:
       monitor.write_json_atomic(self.path, self.fields)

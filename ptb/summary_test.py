@@ -8,15 +8,7 @@ from unittest import mock
 
 from ptb import summary as summary_lib
 from ptb import testing
-
-
-class FakeClock:
-
-  def __init__(self, now):
-    self.now = now
-
-  def __call__(self):
-    return self.now
+from ptb.monitor_test import FakeClock
 
 
 def _epoch(n):
@@ -33,7 +25,7 @@ class SummaryTest(unittest.TestCase):
 
   def _process(self, started, model="test"):
     """The Summary of a process that started at `started` on its clock."""
-    clock = FakeClock(started)
+    clock = FakeClock(now=started)
     return summary_lib.Summary(self.path, ["ptb_word_lm.py", "--model=test"],
                                model, testing.TinyConfig(), ["/cpu:0"],
                                clock=clock), clock
@@ -50,7 +42,7 @@ class SummaryTest(unittest.TestCase):
   def testFirstProcessWritesItsOwnFigures(self):
     summary, clock = self._process(1000.0)
     summary.add_epoch(_epoch(1))
-    clock.now += 30.5
+    clock.advance(30.5)
     self._publish(summary, "running", 600.0)
     fields = self._read()
     self.assertEqual(fields["epochs"], [_epoch(1)])
@@ -65,7 +57,7 @@ class SummaryTest(unittest.TestCase):
     first, clock = self._process(1000.0)
     for n in (1, 2, 3):
       first.add_epoch(_epoch(n))
-    clock.now += 100.0
+    clock.advance(100.0)
     self._publish(first, "running", 900.0)   # then killed
 
     # The checkpoint had finished two epochs and 40 steps of the third:
@@ -73,7 +65,7 @@ class SummaryTest(unittest.TestCase):
     second, clock = self._process(5000.0)
     second.resume(2, 40)
     second.add_epoch(dict(_epoch(3), valid_perplexity=1.5))
-    clock.now += 20.0
+    clock.advance(20.0)
     self._publish(second, "interrupted", 500.0)
     fields = self._read()
     self.assertEqual(fields["epochs"], [_epoch(1), _epoch(2),
@@ -86,7 +78,7 @@ class SummaryTest(unittest.TestCase):
     third, clock = self._process(9000.0)
     third.resume(3, 0)
     third.fields["test_perplexity"] = 2.0
-    clock.now += 5.0
+    clock.advance(5.0)
     self._publish(third, "finished", 950.0)
     fields = self._read()
     self.assertEqual([e["epoch"] for e in fields["epochs"]], [1, 2, 3])
