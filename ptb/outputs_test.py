@@ -251,9 +251,12 @@ class OutputsTest(tf.test.TestCase):
     self.assertLess(time.time() - start, 60)
     self.assertIsNone(first.poll())   # the first run goes on, undisturbed
     # Whatever is new in the directory is the first run's: its epochs'
-    # checkpoints and TensorBoard events (the second run wrote nothing).
+    # checkpoints, TensorBoard events and checkpoint index, the latter with
+    # the temporary file TensorFlow writes it through when caught mid-save
+    # (the second run wrote nothing).
     new = set(os.listdir(save)) - before
-    self.assertTrue(all(n.startswith(("model.ckpt-", "events.")) or
+    self.assertTrue(all(n.startswith(("model.ckpt-", "events.",
+                                      "checkpoint.tmp")) or
                         n == "checkpoint" for n in new), new)
     first.send_signal(signal.SIGINT)
     out, err = first.communicate(timeout=120)
