@@ -12,8 +12,15 @@ a fraction of it, peak RSS, whether the per-step recurrent products ran on
 this project's vector kernels (recurrent=kernels) or on tf.matmul
 (recurrent=matmul), whether the softmax layer ran on its kernel
 (softmax=kernel) or on TensorFlow's softmax (softmax=ops; ptb/kernels.py),
-and whether TensorFlow's matmuls ran on oneDNN (matmul=onednn) or on Eigen
-(matmul=eigen; ptb/onednn.py).
+whether TensorFlow's matmuls ran on oneDNN (matmul=onednn) or on Eigen
+(matmul=eigen; ptb/onednn.py), and the roofline: the memory bandwidth
+measured in-process (a triad on the session's threads, arrays far larger
+than the last-level cache; before and after, the better), the bytes a
+training step must move at the least (train_bytes_per_word), the GB/s that
+makes at the run's speed as a fraction of the bandwidth, the words per
+second that each roof allows (compute: the FMA peak over the FLOPs;
+bandwidth: the bandwidth over the bytes) and the lower of the two, which
+is the bound the config is under, with the run's fraction of it.
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
@@ -22,6 +29,7 @@ The last line printed is `wps: N` for the last combination.
 """
 
 import json
+import os
 import time
 
 from ptb import monitor
@@ -59,6 +67,72 @@ def train_flops_per_word(config):
   h = config.hidden_size
   forward = config.num_layers * 2 * (2 * h) * (4 * h) + 2 * h * config.vocab_size
   return 3 * forward
+
+
+def train_bytes_per_word(config):
+  """Bytes that one training word must move to and from memory, at the least.
+
+  The roofline's model (docs/performance.md): in a step of batch x steps
+  words, each dense weight (LSTM kernels and biases, softmax weights and
+  bias) is read in the forward pass, read in the backward pass and written
+  by the update, 12 bytes, its gradient never written out; the embedding
+  rows of the step's words are read, then read and written by the update.
+  Per word, the activations that the backward pass reads back are written
+  once and read once: per layer the input, the four gates, the cell, its
+  tanh and the output (8 x hidden floats) and the gates' gradient (4 x
+  hidden); the logits are written, turned into their gradient in place and
+  read by the two products of the backward pass (4 x vocab floats moved).
+  """
+  h, v, layers = config.hidden_size, config.vocab_size, config.num_layers
+  dense = layers * (2 * h * 4 * h + 4 * h) + h * v + v
+  words = config.batch_size * config.num_steps
+  weights = 12 * dense / words
+  embedding = 12 * h
+  activations = 4 * (layers * 2 * (8 * h + 4 * h) + 4 * v)
+  return weights + embedding + activations
+
+
+def llc_bytes(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
+  """The last-level cache's size in bytes, from sysfs (None if unknown)."""
+  best = None
+  try:
+    for index in sorted(os.listdir(cache_dir)):
+      if not index.startswith("index"):
+        continue
+      with open(os.path.join(cache_dir, index, "level")) as f:
+        level = int(f.read())
+      with open(os.path.join(cache_dir, index, "size")) as f:
+        text = f.read().strip()
+      unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+      size = int(text.rstrip("KMG")) * unit
+      if best is None or level > best[0]:
+        best = (level, size)
+  except (OSError, ValueError):
+    return None
+  return best and best[1]
+
+
+def memory_bandwidth(session_config, array_bytes=None, trials=5):
+  """GB/s of a STREAM triad on the session's threads, or None without kernels.
+
+  The kernels' StreamTriad op (a = b + 3 c) on every thread of the
+  session's pool, each on its own contiguous part, with arrays of 8 times
+  the last-level cache (at least 64 MiB each): the figure that an
+  independent STREAM run reports. Bytes are STREAM's count, 12 an element.
+  The fastest of a few rounds; the arrays are gone when it returns.
+  """
+  if kernels.kernel_isa()[0] is None or not kernels.compiler_found():
+    return None
+  try:
+    library = kernels.load_library()
+  except (RuntimeError, OSError, tf.errors.OpError):
+    return None
+  n = (array_bytes or max(64 << 20, 8 * (llc_bytes() or 0))) // 4
+  with tf.Graph().as_default():
+    seconds = library.stream_triad(tf.constant(n, tf.int64),
+                                   tf.constant(trials, tf.int64))
+    with tf.compat.v1.Session(config=session_config) as session:
+      return 12 * n / session.run(seconds) / 1e9
 
 
 def matmul_ceiling(session_config, size=2048, seconds=0.7, trials=4):
@@ -125,7 +199,7 @@ def fma_peak(session_config, seconds=0.05, trials=5):
 
 
 def measure(model_name, rnn_mode, train_data, devices, session_config):
-  """Times training steps of one model/rnn_mode; returns the figures."""
+  """Times training steps of one model/rnn_mode; returns (figures, config)."""
   config = config_lib.resolve_config(
       ptb_word_lm.get_config(model_name, rnn_mode), FLAGS.num_gpus,
       FLAGS.config_overrides)
@@ -164,7 +238,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "recurrent": recurrent,
           "softmax": softmax,
-          "matmul": onednn.matmul_library()}
+          "matmul": onednn.matmul_library()}, config
 
 
 def _peak_text(r):
@@ -173,6 +247,41 @@ def _peak_text(r):
     return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
   return ("fma_peak_gflops=%(fma_peak_gflops).1f "
           "peak_fraction=%(peak_fraction).3f isa=%(kernel_isa)s" % r)
+
+
+def roofline(r, config, peak, bandwidth):
+  """The roofline's figures of a result `r` (a dict), unknown ones None."""
+  bytes_per_word = train_bytes_per_word(config)
+  roofs = {"compute": peak * 1e9 / r["train_flops_per_word"] if peak else None,
+           "bandwidth": (bandwidth * 1e9 / bytes_per_word if bandwidth
+                         else None)}
+  known = {k: v for k, v in roofs.items() if v is not None}
+  bound = min(known, key=known.get) if known else None
+  return {"bandwidth_gbs": bandwidth, "train_bytes_per_word": bytes_per_word,
+          "gbs": r["wps"] * bytes_per_word / 1e9,
+          "bandwidth_fraction": (r["wps"] * bytes_per_word / 1e9 / bandwidth
+                                 if bandwidth else None),
+          "compute_roof_wps": roofs["compute"],
+          "bandwidth_roof_wps": roofs["bandwidth"], "bound": bound,
+          "roof_fraction": r["wps"] / known[bound] if bound else None}
+
+
+def _roofline_text(r):
+  """The result line's roofline fields; unknown ones say so."""
+  def figure(key, form):
+    return "%s=%s" % (key, "unknown" if r[key] is None else form % r[key])
+  return " ".join([
+      figure("bandwidth_gbs", "%.1f"),
+      "train_bytes_per_word=%.4g" % r["train_bytes_per_word"],
+      "gbs=%.1f" % r["gbs"], figure("bandwidth_fraction", "%.3f"),
+      figure("compute_roof_wps", "%.0f"), figure("bandwidth_roof_wps", "%.0f"),
+      figure("bound", "%s"), figure("roof_fraction", "%.3f")])
+
+
+def _limits(session_config):
+  """(matmul ceiling, FMA peak, bandwidth) measured now; None where unknown."""
+  return (matmul_ceiling(session_config), fma_peak(session_config),
+          memory_bandwidth(session_config))
 
 
 def main(_):
@@ -188,31 +297,37 @@ def main(_):
   # The ceiling is measured before and after each combination, and the
   # higher of the two counts: the machine's speed drifts from minute to
   # minute, and a ceiling taken once, in a slow minute, made a large run's
-  # utilisation 1.16.
-  before = matmul_ceiling(session_config)
-  peak_before = fma_peak(session_config)
+  # utilisation 1.16. The FMA peak and the bandwidth likewise (None where
+  # unknown).
+  limits = _limits(session_config)
   results = []
   for model_name in models:
     for mode in modes:
-      r = measure(model_name, mode, train_data, devices, session_config)
-      after = matmul_ceiling(session_config)
-      ceiling = max(before, after)
-      # The FMA peak likewise (None where unknown).
-      peak_after = fma_peak(session_config)
-      peak = max(peak_before, peak_after) if peak_after else None
-      r.update(ceiling_gflops=ceiling, ceiling_trials_gflops=[before, after],
+      # The bandwidth's arrays must not count in the model's peak RSS.
+      monitor.reset_peak_rss()
+      r, config = measure(model_name, mode, train_data, devices,
+                          session_config)
+      r["peak_rss_mib"] = monitor.peak_rss_mib()
+      after = _limits(session_config)
+      ceiling, peak, bandwidth = (
+          max(x, y) if x is not None and y is not None else None
+          for x, y in zip(limits, after))
+      r.update(ceiling_gflops=ceiling,
+               ceiling_trials_gflops=[limits[0], after[0]],
                mfu=r["gflops"] / ceiling, fma_peak_gflops=peak,
                peak_fraction=r["gflops"] / peak if peak else None,
-               kernel_isa=kernels.kernel_isa()[0],
-               peak_rss_mib=monitor.peak_rss_mib())
-      before, peak_before = after, peak_after
+               kernel_isa=kernels.kernel_isa()[0])
+      r.update(roofline(r, config, peak, bandwidth))
+      limits = after
       results.append(r)
       print("model=%(model)s rnn_mode=%(rnn_mode)s wps=%(wps).0f "
             "train_flops_per_word=%(train_flops_per_word).4g "
             "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
-            "mfu=%(mfu).3f %(peak)s peak_rss_mib=%(peak_rss_mib).0f "
+            "mfu=%(mfu).3f %(peak)s %(roofline)s "
+            "peak_rss_mib=%(peak_rss_mib).0f "
             "recurrent=%(recurrent)s softmax=%(softmax)s matmul=%(matmul)s" %
-            dict(r, peak=_peak_text(r)), flush=True)
+            dict(r, peak=_peak_text(r), roofline=_roofline_text(r)),
+            flush=True)
   if FLAGS.output_json:
     with open(FLAGS.output_json, "w") as f:
       json.dump({"tensorflow": tf.__version__, "devices": devices,

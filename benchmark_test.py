@@ -34,6 +34,17 @@ def _peak_fields():
           % kernels.kernel_isa()[0])
 
 
+def _roofline_fields():
+  """The roofline fields benchmark.py should print here, as a regex."""
+  measured = _kernels_buildable()
+  known = lambda pattern: pattern if measured else "unknown"
+  return (r"bandwidth_gbs=%s train_bytes_per_word=\S+ gbs=\S+ "
+          r"bandwidth_fraction=%s compute_roof_wps=%s bandwidth_roof_wps=%s "
+          r"bound=%s roof_fraction=%s" % (
+              known(r"\S+"), known(r"\S+"), known(r"\d+"), known(r"\d+"),
+              known("(compute|bandwidth)"), known(r"\S+")))
+
+
 class BenchmarkTest(tf.test.TestCase):
 
   def testTrainFlopsPerWord(self):
@@ -43,6 +54,63 @@ class BenchmarkTest(tf.test.TestCase):
                      3 * (2 * 2 * 400 * 800 + 2 * 200 * 10000))
     self.assertEqual(benchmark.train_flops_per_word(ptb_word_lm.LargeConfig()),
                      3 * (2 * 2 * 3000 * 6000 + 2 * 1500 * 10000))
+
+  def testTrainBytesPerWord(self):
+    # The how-to's class: 2 layers of [2000 x 4000] kernels and [4000]
+    # biases, softmax [1000 x 10000] and [10000]; 20 x 2 words a step.
+    config = ptb_word_lm.LargeConfig()
+    config.num_steps, config.hidden_size = 2, 1000
+    dense = 2 * (2000 * 4000 + 4000) + 1000 * 10000 + 10000
+    want = (12 * dense / 40 + 12 * 1000 +
+            4 * (2 * 2 * (8 * 1000 + 4 * 1000) + 4 * 10000))
+    self.assertAllClose(benchmark.train_bytes_per_word(config), want)
+
+  def testRooflineTakesTheLowerRoof(self):
+    config = ptb_word_lm.SmallConfig()
+    per_word = benchmark.train_bytes_per_word(config)
+    r = {"wps": 1000.0, "train_flops_per_word": 1e6}
+    # Compute allows 100 GFLOP/s / 1 MFLOP = 100,000 wps; the bandwidth
+    # 10 GB/s / per_word.
+    got = benchmark.roofline(r, config, 100.0, 10.0)
+    self.assertAllClose(got["compute_roof_wps"], 1e5)
+    self.assertAllClose(got["bandwidth_roof_wps"], 1e10 / per_word)
+    self.assertEqual(got["bound"], "bandwidth" if 1e10 / per_word < 1e5
+                     else "compute")
+    self.assertAllClose(got["roof_fraction"],
+                        1000 / min(1e5, 1e10 / per_word))
+    self.assertAllClose(got["gbs"], 1000 * per_word / 1e9)
+    self.assertAllClose(got["bandwidth_fraction"], got["gbs"] / 10.0)
+    # One roof unknown: the other bounds; both unknown: no bound.
+    self.assertEqual(benchmark.roofline(r, config, 100.0, None)["bound"],
+                     "compute")
+    self.assertEqual(benchmark.roofline(r, config, None, 1e6)["bound"],
+                     "bandwidth")
+    none = benchmark.roofline(r, config, None, None)
+    self.assertIsNone(none["bound"])
+    self.assertIsNone(none["roof_fraction"])
+
+  def testLastLevelCacheFromSysfs(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      for index, level, size in ((0, 1, "32K"), (2, 2, "512K"),
+                                 (3, 3, "32768K")):
+        os.makedirs(os.path.join(tmp, "index%d" % index))
+        for name, value in (("level", str(level)), ("size", size)):
+          with open(os.path.join(tmp, "index%d" % index, name), "w") as f:
+            f.write(value + "\n")
+      with open(os.path.join(tmp, "uevent"), "w") as f:
+        f.write("")
+      self.assertEqual(benchmark.llc_bytes(tmp), 32 << 20)
+      self.assertIsNone(benchmark.llc_bytes(os.path.join(tmp, "none")))
+
+  def testMemoryBandwidthOrNone(self):
+    with mock.patch.object(kernels, "kernel_isa",
+                           return_value=(None, "no width")):
+      self.assertIsNone(benchmark.memory_bandwidth(None))
+    if _kernels_buildable():
+      # Any memory system of this century streams more than 0.5 GB/s.
+      self.assertGreater(
+          benchmark.memory_bandwidth(None, array_bytes=8 << 20, trials=1),
+          0.5)
 
   def testFmaPeakInTheKernelsWidthOrNone(self):
     with mock.patch.object(kernels, "kernel_isa",
@@ -73,9 +141,9 @@ class BenchmarkTest(tf.test.TestCase):
     self.assertLen(rows, 2)
     self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
                      r"train_flops_per_word=\S+ gflops=\S+ "
-                     r"ceiling_gflops=\S+ mfu=\S+ %s peak_rss_mib=\d+ "
+                     r"ceiling_gflops=\S+ mfu=\S+ %s %s peak_rss_mib=\d+ "
                      r"recurrent=matmul softmax=%s matmul=onednn$"
-                     % (_peak_fields(), _softmax_path()))
+                     % (_peak_fields(), _roofline_fields(), _softmax_path()))
     self.assertIn("rnn_mode=BLOCK", rows[1])
     self.assertRegex(lines[-1], r"^wps: \d+$")
     results = report["results"]
@@ -97,12 +165,19 @@ class BenchmarkTest(tf.test.TestCase):
         self.assertGreater(r["fma_peak_gflops"], 1)
         self.assertAllClose(r["peak_fraction"],
                             r["gflops"] / r["fma_peak_gflops"])
+        self.assertGreater(r["bandwidth_gbs"], 0.5)
+        roofs = {"compute": r["compute_roof_wps"],
+                 "bandwidth": r["bandwidth_roof_wps"]}
+        self.assertEqual(r["bound"], min(roofs, key=roofs.get))
+        self.assertAllClose(r["roof_fraction"], r["wps"] / min(roofs.values()))
       else:
         self.assertIsNone(r["fma_peak_gflops"])
         self.assertIsNone(r["peak_fraction"])
+        self.assertIsNone(r["bandwidth_gbs"])
 
   def testReportsTheKernelsWhereTheModelUsesThem(self):
-    # Hidden 512 is where the model starts to use the kernels' ops.
+    # Hidden 512, batch 8 and 8 steps are where the model starts to use the
+    # kernels' recurrent products.
     want = "kernels" if _kernels_buildable() else "matmul"
     with tempfile.TemporaryDirectory() as tmp:
       testing.make_corpus(tmp)
@@ -110,7 +185,8 @@ class BenchmarkTest(tf.test.TestCase):
           [sys.executable, os.path.join(testing.HERE, "benchmark.py"),
            "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
            "--warmup=1",
-           "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10"],
+           "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10,"
+           "num_steps=8"],
           capture_output=True, text=True, timeout=600,
           env=dict(os.environ, PTB_KERNEL_DIR=tmp, TF_ENABLE_ONEDNN_OPTS="0"))
       self.assertEqual(proc.returncode, 0, proc.stderr)

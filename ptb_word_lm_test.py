@@ -14,6 +14,8 @@ import tensorflow as tf
 
 from ptb import config as config_lib
 from ptb import kernels
+from ptb import low_rank_update
+from ptb import lstm_backward
 from ptb import monitor
 from ptb import training
 from ptb import wavefront
@@ -405,6 +407,11 @@ class TrainingTrajectoryTest(tf.test.TestCase):
       types = {op.type
                for op in tf.compat.v1.get_default_graph().get_operations()}
       self.assertEqual("PanelMatMul" in types, recurrent_kernels)
+      # batch x steps rows are few: the weights are updated from the
+      # gradients' factors wherever the kernels run.
+      self.assertEqual("ApplyOuterProduct" in types,
+                       kernels.load() is not None and
+                       low_rank_update.MAX_ROWS >= batch * config.num_steps)
       with tf.compat.v1.Session() as sess:
         sess.run([tf.compat.v1.global_variables_initializer(),
                   tf.compat.v1.local_variables_initializer()])
@@ -427,11 +434,17 @@ class TrainingTrajectoryTest(tf.test.TestCase):
     self._check(config_lib.BASIC, 2, hidden=16, batch=4)
 
   def testBasicLayerByLayerWithRecurrentKernels(self):
-    self._check(config_lib.BASIC, None, hidden=512, batch=8,
-                recurrent_kernels=kernels.load() is not None)
+    # 4 steps: the kernels are asked for at any step count.
+    with mock.patch.object(lstm_backward, "KERNEL_MIN_STEPS", 0):
+      self._check(config_lib.BASIC, None, hidden=512, batch=8,
+                  recurrent_kernels=kernels.load() is not None)
 
   def testBlock(self):
     self._check(config_lib.BLOCK, None, hidden=16, batch=4)
+
+  def testBlockWithDenseGradients(self):
+    with mock.patch.object(low_rank_update, "MAX_ROWS", 0):
+      self._check(config_lib.BLOCK, None, hidden=16, batch=4)
 
 
 class CommandLineTest(tf.test.TestCase):

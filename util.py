@@ -7,6 +7,8 @@ import collections
 
 import tensorflow as tf
 
+from ptb import low_rank_update
+
 # One layer's LSTM state, as in the original tutorial: c is the cell, h the
 # output. Both are `[batch_size, hidden_size]`.
 LSTMStateTuple = collections.namedtuple("LSTMStateTuple", ("c", "h"))
@@ -103,17 +105,25 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
 
   Clipping inside apply_gradients puts it after any aggregation (the towers'
   average, the workers' average in synchronous_update), so the norm is that
-  of the one update applied.
+  of the one update applied. A gradient recorded as a product of few rows
+  (ptb/low_rank_update.py) enters the norm through its Gram matrices and
+  updates its variable in one pass, without being formed.
   """
 
   def __init__(self, learning_rate, max_grad_norm):
     super().__init__(learning_rate)
     self._max_grad_norm = max_grad_norm
     self._clip_scale = None
+    self._factors = {}
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     grads_and_vars = list(grads_and_vars)
-    norm = tf.linalg.global_norm([g for g, _ in grads_and_vars])
+    self._factors = {}
+    for g, v in grads_and_vars:
+      found = low_rank_update.factors(g, v)
+      if found is not None:
+        self._factors[v.ref()] = found
+    norm = self._global_norm(grads_and_vars)
     # tf.clip_by_global_norm's factor (NaN when the norm is not finite).
     # It scales the learning rate instead of the gradients: the same update
     # without a scaled copy of every gradient (200 MB on the large model).
@@ -123,10 +133,27 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
                                 tf.constant(float("nan"), norm.dtype))
     return super().apply_gradients(grads_and_vars, global_step, name)
 
+  def _global_norm(self, grads_and_vars):
+    """The global norm, from the factors where a gradient has them."""
+    dense = [g for g, v in grads_and_vars if v.ref() not in self._factors]
+    if not self._factors:
+      return tf.linalg.global_norm(dense)
+    squares = [low_rank_update.squared_norm(x, g)
+               for x, g in self._factors.values()]
+    if dense:
+      squares.append(tf.square(tf.linalg.global_norm(dense)))
+    return tf.sqrt(tf.add_n(squares))
+
   def _prepare(self):
     super()._prepare()
     self._learning_rate_tensor = self._learning_rate_tensor * tf.cast(
         self._clip_scale, self._learning_rate_tensor.dtype)
+
+  def _resource_apply_dense(self, grad, handle):
+    found = self._factors.get(handle.ref())
+    if found is None:
+      return super()._resource_apply_dense(grad, handle)
+    return low_rank_update.apply(handle, *found, self._learning_rate_tensor)
 
 
 def synchronous_update(grads_and_vars, optimizer, global_step, replica,

@@ -1,7 +1,9 @@
 // Vector kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
 // with M (the batch) small, the softmax layer's cross-entropy over the
-// logits (SoftmaxCrossEntropy), and the FMA units' peak for benchmark.py
-// (FmaPeak). kernels.py says why and builds them.
+// logits (SoftmaxCrossEntropy), the SGD update by a gradient of few rows
+// x^T @ g applied in place (ApplyOuterProduct), and the machine's limits for
+// benchmark.py: the FMA units' peak (FmaPeak) and the memory bandwidth
+// (StreamTriad). kernels.py says why and builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
 // 32 columns, each [K, 32] contiguous; PanelMatMul then reads each panel as
@@ -28,7 +30,10 @@
 
 #include <immintrin.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -38,6 +43,8 @@
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
 
@@ -62,6 +69,9 @@ using PanelRowsFn = void (*)(const float* a, int64_t M, int64_t K,
 using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
                             int64_t label, float* out);
 using FmaChainsFn = float (*)(int64_t iterations);
+using OuterBlockFn = void (*)(const float* x, int64_t M, int64_t K,
+                              const float* g, int64_t N, float alpha,
+                              float* w, int64_t k0, int64_t k1);
 
 // Stands for a whole vector where the kernels take a tail's lane mask.
 struct Full {};
@@ -83,6 +93,8 @@ struct V {
   using Flags = __mmask16;  // lanes seen NaN
   static constexpr int kWidth = 16;
   static constexpr int kRows = 10;  // 20 accumulators of the 32 registers
+  static constexpr int kOuterRows = 6;  // ApplyOuterProduct's tile
+  static constexpr int kOuterVectors = 4;
   // Independent FMA chains of FmaPeak: more than FMA units x latency
   // (2 x 4 on the CPUs seen), fewer than the registers.
   static constexpr int kChains = 16;
@@ -150,6 +162,8 @@ struct V {
   // 12 accumulators of the 16 registers: 3 rows x 4 vectors (a panel row),
   // the other 4 for the broadcast of a and the panel's vectors.
   static constexpr int kRows = 3;
+  static constexpr int kOuterRows = 4;  // ApplyOuterProduct's tile
+  static constexpr int kOuterVectors = 3;
   // FmaPeak's chains: 2 FMA units x latency 5 (Zen 3) = 10 in flight; the
   // other registers hold the two operands.
   static constexpr int kChains = 12;
@@ -548,6 +562,163 @@ class FmaPeakOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("FmaPeak").Device(DEVICE_CPU), FmaPeakOp);
 
+// The tensor of the float32 resource variable at input 0, ready to be
+// written in place: its buffer copied first if a read still holds it (as
+// TensorFlow's own training ops do). The variable's mutex must be held.
+Status WritableVariable(OpKernelContext* ctx, Var* var, Tensor** out) {
+  Tensor* t = var->tensor();
+  if (t->dtype() != DT_FLOAT) {
+    return errors::InvalidArgument("the variable must be float32");
+  }
+  if (var->copy_on_read_mode.load() || !t->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_FLOAT, t->shape(), &copy));
+    std::copy_n(t->flat<float>().data(), t->NumElements(),
+                copy.flat<float>().data());
+    *t = copy;
+  }
+  *out = t;
+  return OkStatus();
+}
+
+REGISTER_OP("ApplyOuterProduct")
+    .Input("var: resource")
+    .Input("x: float")
+    .Input("g: float")
+    .Input("alpha: float")
+    .Attr("isa: {'auto', 'avx512', 'avx2'} = 'auto'")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+var += alpha * x^T @ g in place, for x [M, K], g [M, N] and a float32
+variable of K * N elements ([K, N], or [N] with K = 1): a gradient that is
+one product over M rows, applied without ever being written out. isa as in
+PanelMatMul.
+)doc");
+
+class ApplyOuterProductOp : public OpKernel {
+ public:
+  explicit ApplyOuterProductOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "ApplyOuterProduct", &wide));
+    block_ = wide ? &avx512::OuterBlock : &avx2::OuterBlock;
+    block_rows_ = wide ? avx512::kOuterBlockRows : avx2::kOuterBlockRows;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(1);
+    const Tensor& g = ctx->input(2);
+    const Tensor& alpha = ctx->input(3);
+    OP_REQUIRES(ctx,
+                x.dims() == 2 && g.dims() == 2 &&
+                    x.dim_size(0) == g.dim_size(0) &&
+                    TensorShapeUtils::IsScalar(alpha.shape()),
+                errors::InvalidArgument(
+                    "x and g must be [M, K] and [M, N], alpha a scalar: x ",
+                    x.shape().DebugString(), ", g ", g.shape().DebugString()));
+    const int64_t M = x.dim_size(0), K = x.dim_size(1), N = g.dim_size(1);
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
+    mutex_lock lock(*var->mu());
+    Tensor* w = nullptr;
+    OP_REQUIRES_OK(ctx, WritableVariable(ctx, var.get(), &w));
+    OP_REQUIRES(ctx, w->NumElements() == K * N,
+                errors::InvalidArgument(
+                    "the variable ", w->shape().DebugString(),
+                    " is not x^T @ g: [", K, ", ", N, "]"));
+    const float* xp = x.flat<float>().data();
+    const float* gp = g.flat<float>().data();
+    float* wp = w->flat<float>().data();
+    const float a = alpha.scalar<float>()();
+    // Blocks of rows, each swept along its whole rows.
+    const int64_t rows = block_rows_;
+    const OuterBlockFn block = block_;
+    Parallel(ctx, (K + rows - 1) / rows, 2 * M * N * rows,
+             [&](int64_t b0, int64_t b1) {
+               for (int64_t b = b0; b < b1; ++b) {
+                 block(xp, M, K, gp, N, a, wp, b * rows,
+                       std::min(K, (b + 1) * rows));
+               }
+             });
+  }
+
+ private:
+  OuterBlockFn block_;
+  int64_t block_rows_;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("ApplyOuterProduct").Device(DEVICE_CPU).HostMemory("var"),
+    ApplyOuterProductOp);
+
+REGISTER_OP("StreamTriad")
+    .Input("elements: int64")
+    .Input("trials: int64")
+    .Output("seconds: float64")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The memory bandwidth, to time: STREAM's triad a = b + 3 c over float32
+arrays of `elements` each, on every thread of the op's pool, each thread
+on its own contiguous part. The arrays are mapped, touched first by the
+threads that use them, and unmapped at the end, so that nothing of them
+stays in the process. One untimed round, then `trials` timed ones;
+seconds: the fastest. By STREAM's count a round moves 12 bytes an element
+(leaving out the read of a's lines before they are written).
+)doc");
+
+class StreamTriadOp : public OpKernel {
+ public:
+  explicit StreamTriadOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t n = ctx->input(0).scalar<int64_t>()();
+    const int64_t trials = ctx->input(1).scalar<int64_t>()();
+    OP_REQUIRES(ctx, n > 0 && trials > 0,
+                errors::InvalidArgument("elements and trials must be > 0"));
+    const size_t bytes = 3 * n * sizeof(float);
+    void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    OP_REQUIRES(ctx, map != MAP_FAILED,
+                errors::ResourceExhausted("cannot map ", bytes, " bytes"));
+    float* a = static_cast<float*>(map);
+    float* b = a + n;
+    float* c = b + n;
+    const int threads =
+        ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
+    const int64_t block = (n + threads - 1) / threads;
+    auto each_thread = [&](const std::function<void(int64_t, int64_t)>& f) {
+      Parallel(ctx, threads, int64_t{1} << 40, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          f(t * block, std::min(n, (t + 1) * block));
+        }
+      });
+    };
+    each_thread([&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) a[i] = 0.0f, b[i] = 1.0f, c[i] = 2.0f;
+    });
+    double best = 0.0;
+    for (int64_t round = 0; round <= trials; ++round) {
+      const auto start = std::chrono::steady_clock::now();
+      each_thread([&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) a[i] = b[i] + 3.0f * c[i];
+      });
+      const double took = std::chrono::duration<double>(
+          std::chrono::steady_clock::now() - start).count();
+      if (round == 1 || (round > 1 && took < best)) best = took;
+    }
+    const bool right = a[0] == 7.0f && a[n - 1] == 7.0f;
+    munmap(map, bytes);
+    OP_REQUIRES(ctx, right, errors::Internal("the triad computed wrongly"));
+    Tensor* seconds = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &seconds));
+    seconds->scalar<double>()() = best;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("StreamTriad").Device(DEVICE_CPU), StreamTriadOp);
+
 }  // namespace tensorflow
 
 #else  // PTB_KERNELS_BODY
@@ -680,6 +851,116 @@ void PanelRows(const float* a, int64_t M, int64_t K, const float* panel,
     PanelTiles<2>(a, M, K, panel, x, c, ldc, masks, next);
   } else {
     PanelTiles<1>(a, M, K, panel, x, c, ldc, masks, next);
+  }
+}
+
+
+// The update's register tile: kOuterRows rows x kOuterVectors vectors of
+// accumulators, with the row's vectors of g and one broadcast of x beside
+// them in registers, so that each product of the sum loads one vector a
+// row and a broadcast a row (AVX2: 4 x 3 in 16 registers; AVX-512: 6 x 4).
+constexpr int kOuterRows = V::kOuterRows;
+constexpr int kOuterVectors = V::kOuterVectors;
+constexpr int64_t kOuterCols = kOuterVectors * kW;
+// Bytes of a tile's row of w, prefetched ahead (whole lines).
+constexpr int kOuterLines = (kOuterCols * sizeof(float) + 63) / 64;
+// Tiles ahead in its rows that a tile prefetches w's lines: rows of w lie
+// far apart, and the hardware prefetchers follow a block's many rows, a
+// tile's lines at a time, too late.
+constexpr int64_t kOuterAhead = 3;
+
+// w[:R, :cols] += alpha * x[:, :R]^T @ g[:, :cols] for one tile of the
+// update: x's columns k.. (stride ldx), g's columns n.. (stride ldg), w's
+// rows k.. (stride ldw). The M products of each element are summed in
+// registers, and w is read and written once. Part is Full, or the tail's
+// lane masks. While it sums, it prefetches the lines of its rows
+// kOuterAhead tiles on, one a product.
+template <int R, class Part>
+void OuterTile(const float* x, int64_t ldx, const float* g, int64_t ldg,
+               int64_t M, float* w, int64_t ldw, T alpha, const Part* parts) {
+  T acc[R][kOuterVectors];
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < kOuterVectors; ++j) acc[r][j] = V::Zero();
+  }
+  // Addresses, not pointers: the last tiles' point past their rows (into
+  // the next rows, or past w), harmlessly.
+  const uintptr_t ahead =
+      reinterpret_cast<uintptr_t>(w + kOuterAhead * kOuterCols);
+  for (int64_t m = 0; m < M; ++m) {
+    if (m < R * kOuterLines) {
+      const uintptr_t line = ahead + sizeof(float) * ldw * (m / kOuterLines) +
+                             64 * (m % kOuterLines);
+      _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+    }
+    T b[kOuterVectors];
+    for (int j = 0; j < kOuterVectors; ++j) {
+      b[j] = LoadPart(g + m * ldg + kW * j, parts[j]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const T av = V::Set1(x[m * ldx + r]);
+      for (int j = 0; j < kOuterVectors; ++j) {
+        acc[r][j] = V::FMAdd(av, b[j], acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* wr = w + r * ldw;
+    for (int j = 0; j < kOuterVectors; ++j) {
+      const T old = LoadPart(wr + kW * j, parts[j]);
+      StorePart(wr + kW * j, V::FMAdd(alpha, acc[r][j], old), parts[j]);
+    }
+  }
+}
+
+// The last rows < kOuterRows of a block, as a tile of R rows for R = rows.
+template <int R, class Part>
+void OuterTailTile(int64_t rows, const float* x, int64_t ldx, const float* g,
+                   int64_t ldg, int64_t M, float* w, int64_t ldw, T alpha,
+                   const Part* parts) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      OuterTile<R>(x, ldx, g, ldg, M, w, ldw, alpha, parts);
+    } else {
+      OuterTailTile<R - 1>(rows, x, ldx, g, ldg, M, w, ldw, alpha, parts);
+    }
+  }
+}
+
+// Rows [k0, k1) of w against the kOuterCols columns of g from n.
+template <class Part>
+void OuterColumns(const float* x, int64_t M, int64_t K, const float* g,
+                  int64_t N, T alpha, float* w, int64_t k0, int64_t k1,
+                  int64_t n, const Part* parts) {
+  int64_t k = k0;
+  for (; k + kOuterRows <= k1; k += kOuterRows) {
+    OuterTile<kOuterRows>(x + k, K, g + n, N, M, w + k * N + n, N, alpha,
+                          parts);
+  }
+  OuterTailTile<kOuterRows - 1>(k1 - k, x + k, K, g + n, N, M, w + k * N + n,
+                                N, alpha, parts);
+}
+
+// Rows of w per block of the update: a block is swept a tile's columns at a
+// time, all its row tiles reading those columns of g ([M, kOuterCols]) from
+// L1.
+constexpr int64_t kOuterBlockRows = 6 * kOuterRows;
+
+// w[k0:k1, :] += alpha * x[:, k0:k1]^T @ g for x [M, K], g [M, N], w [K, N]
+// row-major, k1 - k0 <= kOuterBlockRows; an OuterBlockFn.
+void OuterBlock(const float* x, int64_t M, int64_t K, const float* g,
+                int64_t N, float alpha, float* w, int64_t k0, int64_t k1) {
+  const T a = V::Set1(alpha);
+  int64_t n = 0;
+  for (; n + kOuterCols <= N; n += kOuterCols) {
+    const Full full[kOuterVectors] = {};
+    OuterColumns(x, M, K, g, N, a, w, k0, k1, n, full);
+  }
+  if (n < N) {
+    Mask masks[kOuterVectors];
+    for (int j = 0; j < kOuterVectors; ++j) {
+      masks[j] = V::FirstLanes(N - n - kW * j);
+    }
+    OuterColumns(x, M, K, g, N, a, w, k0, k1, n, masks);
   }
 }
 

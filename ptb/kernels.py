@@ -14,9 +14,14 @@ writing all of them: the bias, the softmax, then p - onehot.
 SoftmaxCrossEntropy does all of it a row at a time, in place, while the row
 is in the L1 cache, with the loss.
 
-FmaPeak measures the machine rather than computing the model: independent
-FMA chains in registers on every thread, the float32 peak that
-benchmark.py reports the model's speed against.
+ApplyOuterProduct updates a weight by a gradient of few rows, x^T @ g,
+without forming it: one pass over the weight, the product summed in
+registers (low_rank_update.py says when).
+
+FmaPeak and StreamTriad measure the machine rather than computing the
+model: independent FMA chains in registers on every thread, the float32
+peak, and STREAM's triad over arrays far larger than the caches, the
+memory bandwidth; benchmark.py reports the model's speed against both.
 
 The kernels are written once over the vector width and compiled for two:
 AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32
@@ -219,7 +224,8 @@ def load_library():
 
   Returns:
     The op library (a module with `pack_panels`, `panel_mat_mul`,
-    `softmax_cross_entropy` and `fma_peak`).
+    `softmax_cross_entropy`, `apply_outer_product`, `fma_peak` and
+    `stream_triad`).
 
   Raises:
     RuntimeError: the build failed (see `build()`).

@@ -34,7 +34,8 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
                "running these ops needs")
 _NO_WIDTH = "the CPU has neither AVX-512 nor AVX2 with FMA"
 _NO_COMPILER = "no C++ compiler to build the kernels with"
-_OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak")
+_OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
+        "apply_outer_product", "stream_triad")
 _cpu_has_avx512 = kernels.cpu_has_avx512
 _cpu_isas = kernels.cpu_isas
 _read_flags = kernels._cpu_flags   # pylint: disable=protected-access
@@ -178,6 +179,74 @@ class PanelMatMulTest(tf.test.TestCase):
           self.evaluate(kernels.panel_mat_mul(
               np.ones((2, 5), np.float32), panels,
               np.ones((2, 40), np.float32), isa=isa))
+
+
+class ApplyOuterProductTest(tf.test.TestCase):
+
+  def _apply(self, library, isa, w0, x, g, alpha, read_first=False):
+    """w0 after ApplyOuterProduct; with read_first, also a read from before."""
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+      var = tf.Variable(w0)
+      old = var.read_value()
+      with tf.control_dependencies([old] if read_first else []):
+        update = library.apply_outer_product(var.handle, x, g, alpha, isa=isa)
+      sess.run(var.initializer)
+      got_old = sess.run([old, update])[0] if read_first else None
+      sess.run(update) if not read_first else None
+      return sess.run(var), got_old
+
+  def testEqualsDenseUpdateOnOddShapes(self):
+    library, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        rng = np.random.RandomState(4)
+        # Rows of w: under, at and over the tiles (AVX2 4 rows, AVX-512 6)
+        # and their blocks (24 and 36 rows); columns: under, at and over a
+        # tile's 24 (AVX2) and 64 (AVX-512) and their vectors; M from 1.
+        for m, k, n in ((1, 1, 1), (2, 3, 7), (5, 7, 37), (40, 25, 24),
+                        (3, 37, 65), (17, 50, 130)):
+          for shape in ((k, n), (n,)) if k == 1 else ((k, n),):
+            w0 = rng.uniform(-1, 1, shape).astype(np.float32)
+            x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+            g = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+            got, _ = self._apply(library, isa, w0, x, g, -0.5)
+            want = w0 - 0.5 * (x.astype(np.float64).T @ g).reshape(shape)
+            self.assertAllClose(got, want, rtol=1e-5, atol=1e-6,
+                                msg="%s %s %s" % ((m, k, n), shape, isa))
+
+  def testAReadStillHeldKeepsItsValues(self):
+    library, widths = widths_or_skip(self)
+    w0 = np.ones((3, 30), np.float32)
+    x, g = np.ones((2, 3), np.float32), np.ones((2, 30), np.float32)
+    for isa in widths:
+      with with_width(self, isa):
+        got, old = self._apply(library, isa, w0, x, g, 1.0, read_first=True)
+        self.assertAllEqual(old, w0)
+        self.assertAllEqual(got, w0 + 2)
+
+  def testShapesThatAreNotTheProductsAreAnError(self):
+    library, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    r"is not x\^T @ g"):
+          self._apply(library, isa, np.ones((3, 4), np.float32),
+                      np.ones((2, 3), np.float32),
+                      np.ones((2, 5), np.float32), 1.0)
+
+
+class StreamTriadTest(tf.test.TestCase):
+
+  def testTimesTheTriadItChecked(self):
+    library = library_or_skip(self)
+    # The op checks the triad's values itself and fails if they are wrong.
+    seconds = self.evaluate(library.stream_triad(
+        tf.constant(1 << 16, tf.int64), tf.constant(2, tf.int64)))
+    self.assertGreater(seconds, 0)
+    self.assertLess(seconds, 1)
+    with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "> 0"):
+      self.evaluate(library.stream_triad(tf.constant(0, tf.int64),
+                                         tf.constant(1, tf.int64)))
 
 
 class FmaPeakTest(tf.test.TestCase):
@@ -335,6 +404,7 @@ class ModelProductsTest(tf.test.TestCase):
     """Outputs, final states and gradients of a 2-layer stack; op count."""
     x, states, kernels, biases, dy = values
     with mock.patch.object(lstm_backward, "KERNEL_MIN_HIDDEN", min_hidden), \
+        mock.patch.object(lstm_backward, "KERNEL_MIN_STEPS", 0), \
         tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
       x = tf.constant(x)
       states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
@@ -380,15 +450,19 @@ class ModelProductsTest(tf.test.TestCase):
   def testTensorFlowProductsWhereKernelsDoNotPay(self):
     with mock.patch.object(kernels, "load") as load:
       load.return_value = object()
-      cases = (("float32 large", tf.float32, [20, 650], "", 650, True),
-               ("small hidden", tf.float32, [20, 200], "", 200, False),
-               ("batch 1 (test pass)", tf.float32, [1, 650], "", 650, False),
-               ("float16", tf.float16, [20, 650], "", 650, False),
-               ("GPU tower", tf.float32, [20, 650], "/gpu:0", 650, False))
-      for name, dtype, shape, device, hidden, wanted in cases:
+      cases = (("float32 large", tf.float32, [20, 650], "", 650, 35, True),
+               ("small hidden", tf.float32, [20, 200], "", 200, 35, False),
+               ("batch 1 (test pass)", tf.float32, [1, 650], "", 650, 35,
+                False),
+               ("2 steps (the how-to's class)", tf.float32, [20, 1000], "",
+                1000, 2, False),
+               ("float16", tf.float16, [20, 650], "", 650, 35, False),
+               ("GPU tower", tf.float32, [20, 650], "/gpu:0", 650, 35, False))
+      for name, dtype, shape, device, hidden, steps, wanted in cases:
         with tf.Graph().as_default(), tf.device(device):
           like = tf.compat.v1.placeholder(dtype, shape)
-          used = lstm_backward.recurrent_kernels(like, hidden) is not None
+          used = lstm_backward.recurrent_kernels(like, hidden,
+                                                 steps) is not None
         self.assertEqual(used, wanted, msg=name)
 
 

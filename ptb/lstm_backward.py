@@ -16,6 +16,7 @@ start a layer on a block before the whole sequence is there.
 import tensorflow as tf
 
 from ptb import kernels
+from ptb import low_rank_update
 
 
 def split_time(x, chunk=None):
@@ -41,55 +42,64 @@ def join_time(blocks):
 # hidden size and batch on. Below, the products fit in the L2 cache and
 # oneDNN is as fast, so packing the weights is pure cost (small, hidden 200,
 # trained 2-5 % slower with them); with batch 1 (the test pass) the packing
-# would be repeated at every call for products of one row.
+# would be repeated at every call for products of one row. Packing reads
+# and writes the weights once per pass, so it pays only over enough steps.
 KERNEL_MIN_HIDDEN = 512
 KERNEL_MIN_BATCH = 8
+KERNEL_MIN_STEPS = 8
 
 
-def recurrent_kernels(like, hidden):
+def recurrent_kernels(like, hidden, steps):
   """The kernels' op library for a layer, or None to use tf.matmul.
 
   Args:
     like: a `[B, ...]` tensor of the layer, built on its tower's device.
     hidden: the layer's hidden size.
+    steps: the products of one pass (time steps) that share the packing.
   """
-  if hidden < KERNEL_MIN_HIDDEN or (like.shape[0] or 0) < KERNEL_MIN_BATCH:
+  if (hidden < KERNEL_MIN_HIDDEN or (like.shape[0] or 0) < KERNEL_MIN_BATCH
+      or steps < KERNEL_MIN_STEPS):
     return None
   return kernels.cpu_kernels(like)
 
 
-def _forward_product(w_h, like):
+def _forward_product(w_h, like, steps):
   """The forward step's product: a function (h, x) -> h @ w_h + x.
 
   Args:
     w_h: `[H, 4H]` recurrent weights.
     like: a `[B, ...]` tensor of the layer, on its tower's device.
+    steps: the time steps of the pass.
 
   Returns:
     A function of h `[B, H]` and x `[B, 4H]` returning `[B, 4H]`.
   """
-  library = recurrent_kernels(like, w_h.shape[0])
+  library = recurrent_kernels(like, w_h.shape[0], steps)
   if library is None:
     return lambda h, x: tf.matmul(h, w_h) + x
   panels = library.pack_panels(w_h, transpose=False)
   return lambda h, x: library.panel_mat_mul(h, panels, x)
 
 
-def _backward_product(w_h, like):
+def _backward_product(w_h, like, steps):
   """The backward step's product: a function d_gates -> d_gates @ w_h^T.
 
   Args:
     w_h: `[H, 4H]` recurrent weights.
     like: a `[B, ...]` tensor of the layer, on its tower's device.
+    steps: the time steps of the pass.
 
   Returns:
     A function of d_gates `[B, 4H]` returning `[B, H]`.
   """
-  library = recurrent_kernels(like, w_h.shape[0])
+  library = recurrent_kernels(like, w_h.shape[0], steps)
   if library is not None:
     panels = library.pack_panels(w_h, transpose=True)
     zeros = tf.zeros([like.shape[0], w_h.shape[0]], w_h.dtype)
     return lambda d_gates: library.panel_mat_mul(d_gates, panels, zeros)
+  if steps < KERNEL_MIN_STEPS:
+    # Too few products to pay for a transposed copy either.
+    return lambda d_gates: tf.matmul(d_gates, w_h, transpose_b=True)
   # w_h transposed once, so that the per-step product needs no transpose_b
   # (faster per step). Grappler would fold a Transpose that feeds a MatMul
   # back into transpose_b=True; the Snapshot between them (it forwards its
@@ -136,7 +146,7 @@ def basic_forward(x, c, h, kernel, bias):
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
-  product = _forward_product(w_h, h)
+  product = _forward_product(w_h, h, sum(b.shape[0] for b in blocks))
   for block in blocks:
     # One large matmul for the input projection of a block of steps, with
     # the bias; only the recurrent product h @ w_h has to wait for the
@@ -186,7 +196,7 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
   w_x, w_h = split_kernel(kernel, input_size)
-  product = _backward_product(w_h, acts["cs"][-1])
+  product = _backward_product(w_h, acts["cs"][-1], sum(sizes))
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
   d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
@@ -219,7 +229,8 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
     end = start
   flat_g = tf.reshape(join_time(gate_blocks), [-1, 4 * hidden])  # [T*B, 4H]
   xh = tf.concat([join_time(blocks), tf.stack(acts["h_prev"])], 2)  # [T,B,I+H]
-  d_kernel = tf.matmul(tf.reshape(xh, [-1, input_size + hidden]), flat_g,
-                       transpose_a=True)
+  flat_xh = tf.reshape(xh, [-1, input_size + hidden])
+  d_kernel = low_rank_update.record(
+      tf.matmul(flat_xh, flat_g, transpose_a=True), flat_xh, flat_g)
   d_bias = tf.reduce_sum(flat_g, 0)
   return d_x, d_c, d_h, d_kernel, d_bias

@@ -1,5 +1,7 @@
 """Tests of the LSTM layer in its modes, the backward pass and the wavefront."""
 
+from unittest import mock
+
 import numpy as np
 import tensorflow as tf
 
@@ -105,10 +107,13 @@ class LstmLayerTest(tf.test.TestCase):
     back into transpose_b=True by Grappler (the folded nodes are named
     FoldTransposeIntoMatMul), which would make the copy useless. Placeholders,
     so that Grappler cannot fold the whole computation into constants.
+    Below KERNEL_MIN_STEPS steps the products take w_h as it is: no copy.
     """
     inputs = random_layer_inputs(input_size=4, hidden=5)
-    for mode in (BASIC, BLOCK):
-      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+    for mode, min_steps, want in ((BASIC, 0, [[20, 5]]), (BLOCK, 0, [[20, 5]]),
+                                  (BASIC, 10**9, []), (BLOCK, 10**9, [])):
+      with tf.Graph().as_default(), tf.compat.v1.Session() as sess, \
+          mock.patch.object(lstm_backward, "KERNEL_MIN_STEPS", min_steps):
         feeds = [tf.compat.v1.placeholder(tf.float32, v.shape)
                  for v in inputs]
         x, c0, h0, kernel, bias, dy, _, _ = feeds
@@ -127,7 +132,7 @@ class LstmLayerTest(tf.test.TestCase):
                     if n.timeline_label.split(" = ")[-1].startswith(
                         ("Transpose", "_MklTranspose"))
                     for out in n.output]
-      self.assertEqual(transposed, [[20, 5]], msg=mode)   # [4H, H]
+      self.assertEqual(transposed, want, msg=(mode, min_steps))   # [4H, H]
       folded = [n.node_name for n in nodes
                 if "FoldTransposeIntoMatMul" in n.node_name and
                 "Tensordot" not in n.node_name]

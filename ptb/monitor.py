@@ -69,6 +69,24 @@ def peak_rss_mib():
   return max(_rusage_peak_mib(), _statm_rss_mib() or 0.0)
 
 
+def reset_peak_rss():
+  """Lowers the peak RSS to the current RSS, so that it measures what follows.
+
+  Linux keeps one high-water mark per process, which getrusage reports;
+  writing "5" to /proc/self/clear_refs resets it. Elsewhere nothing
+  happens.
+
+  Returns:
+    True if the mark was reset.
+  """
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+  except OSError:
+    return False
+  return True
+
+
 # mallopt's parameter number for the arena limit (glibc's malloc.h).
 _M_ARENA_MAX = -8
 

@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from ptb import kernels
+from ptb import low_rank_update
 
 
 # Below this probability of the target word, -log(p) loses precision (and
@@ -60,7 +61,12 @@ def _softmax_grads(inputs, softmax_w, d_logits, d_loss):
   scaled = tf.concat([inputs, tf.ones_like(scale)], 1) * scale  # [N, H+1]
   d_wb = tf.matmul(scaled, d_logits, transpose_a=True)          # [H+1, V]
   d_w, d_b = tf.split(d_wb, [inputs.shape[1], 1])
-  return d_inputs, d_w, d_b[0]
+  # Either is applied from its factors where few rows make that cheaper
+  # (low_rank_update.py); then nothing reads d_wb, and it is never formed.
+  d_b = d_b[0]
+  return (d_inputs,
+          low_rank_update.record(d_w, scaled[:, :-1], d_logits),
+          low_rank_update.record(d_b, scaled[:, -1:], d_logits))
 
 
 @tf.custom_gradient
