@@ -129,10 +129,12 @@ def memory_bandwidth(session_config, array_bytes=None, trials=5):
     return None
   n = (array_bytes or max(64 << 20, 8 * (llc_bytes() or 0))) // 4
   with tf.Graph().as_default():
-    seconds = library.stream_triad(tf.constant(n, tf.int64),
-                                   tf.constant(trials, tf.int64))
+    elements = tf.compat.v1.placeholder(tf.int64, [])
+    seconds = library.stream_triad(elements, tf.constant(trials, tf.int64))
     with tf.compat.v1.Session(config=session_config) as session:
-      return 12 * n / session.run(seconds) / 1e9
+      # The session's first call starts its pool's threads: a small one.
+      session.run(seconds, {elements: 1 << 16})
+      return 12 * n / session.run(seconds, {elements: n}) / 1e9
 
 
 def matmul_ceiling(session_config, size=2048, seconds=0.7, trials=4):

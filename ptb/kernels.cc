@@ -69,6 +69,7 @@ using PanelRowsFn = void (*)(const float* a, int64_t M, int64_t K,
 using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
                             int64_t label, float* out);
 using FmaChainsFn = float (*)(int64_t iterations);
+using TriadFn = void (*)(const float* b, const float* c, float* a, int64_t n);
 using OuterBlockFn = void (*)(const float* x, int64_t M, int64_t K,
                               const float* g, int64_t N, float alpha,
                               float* w, int64_t k0, int64_t k1);
@@ -653,6 +654,7 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_OP("StreamTriad")
     .Input("elements: int64")
     .Input("trials: int64")
+    .Attr("isa: {'auto', 'avx512', 'avx2'} = 'auto'")
     .Output("seconds: float64")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->Scalar());
@@ -665,26 +667,35 @@ on its own contiguous part. The arrays are mapped, touched first by the
 threads that use them, and unmapped at the end, so that nothing of them
 stays in the process. One untimed round, then `trials` timed ones;
 seconds: the fastest. By STREAM's count a round moves 12 bytes an element
-(leaving out the read of a's lines before they are written).
+(leaving out the read of a's lines before they are written). The isa
+attribute chooses the width of the loads and stores, as in PanelMatMul.
 )doc");
 
 class StreamTriadOp : public OpKernel {
  public:
-  explicit StreamTriadOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit StreamTriadOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "StreamTriad", &wide));
+    triad_ = wide ? &avx512::Triad : &avx2::Triad;
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t n = ctx->input(0).scalar<int64_t>()();
     const int64_t trials = ctx->input(1).scalar<int64_t>()();
     OP_REQUIRES(ctx, n > 0 && trials > 0,
                 errors::InvalidArgument("elements and trials must be > 0"));
-    const size_t bytes = 3 * n * sizeof(float);
+    // The arrays start at different offsets within a page, as STREAM's do:
+    // a store to a[i] and loads of b[i], c[i] at the same page offset would
+    // falsely depend on each other (4K aliasing).
+    constexpr int64_t kSkew = 272;  // floats: 1 KiB and a line
+    const size_t bytes = (3 * n + 2 * kSkew) * sizeof(float);
     void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     OP_REQUIRES(ctx, map != MAP_FAILED,
                 errors::ResourceExhausted("cannot map ", bytes, " bytes"));
     float* a = static_cast<float*>(map);
-    float* b = a + n;
-    float* c = b + n;
+    float* b = a + n + kSkew;
+    float* c = b + n + kSkew;
     const int threads =
         ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
     const int64_t block = (n + threads - 1) / threads;
@@ -702,7 +713,7 @@ class StreamTriadOp : public OpKernel {
     for (int64_t round = 0; round <= trials; ++round) {
       const auto start = std::chrono::steady_clock::now();
       each_thread([&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) a[i] = b[i] + 3.0f * c[i];
+        triad_(b + i0, c + i0, a + i0, i1 - i0);
       });
       const double took = std::chrono::duration<double>(
           std::chrono::steady_clock::now() - start).count();
@@ -715,6 +726,9 @@ class StreamTriadOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &seconds));
     seconds->scalar<double>()() = best;
   }
+
+ private:
+  TriadFn triad_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("StreamTriad").Device(DEVICE_CPU), StreamTriadOp);
@@ -1015,6 +1029,20 @@ float XentRow(const float* logits, const float* b, int64_t n, int64_t label,
   });
   out[label] -= 1.0f;
   return std::log(total) + (top - target);
+}
+
+// a[i] = b[i] + 3 c[i] for i in [0, n): StreamTriad's work on one thread, a
+// TriadFn, four vectors an iteration.
+void Triad(const float* b, const float* c, float* a, int64_t n) {
+  const T three = V::Set1(3.0f);
+  int64_t i = 0;
+  for (; i + 4 * kW <= n; i += 4 * kW) {
+    for (int j = 0; j < 4; ++j) {
+      const int64_t at = i + j * kW;
+      V::Store(a + at, V::FMAdd(three, V::Load(c + at), V::Load(b + at)));
+    }
+  }
+  for (; i < n; ++i) a[i] = b[i] + 3.0f * c[i];
 }
 
 // FmaPeak's work on one thread: `iterations` rounds of V::kChains
