@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""The PTB LSTM language model in PyTorch, the peer this port is measured by.
+
+The tutorial's model and training (docs/model.md: the cost summed over the
+steps, clipping to the global norm, plain SGD, the learning-rate schedule,
+the state carried between windows), written for PyTorch on the CPU as a
+PyTorch user would write it: `nn.LSTM`, whose layers run as oneDNN's fused
+LSTM forward and backward. It reads the corpus with this project's reader,
+found as ptb_word_lm.py finds it, and takes its config from ptb_word_lm.py
+(`--model`, `--config_overrides`), so that a config class edited in place
+drives both programs. torch is not a requirement of the project:
+
+  python3 -m pip install -r requirements-peer.txt
+
+Speed, the default: `--warmup` untimed training steps, then `--steps` timed
+ones, on the training data; wps counts the words of the timed steps, as
+benchmark.py does. It prints two lines, after `Config overrides: ...` when
+there are some (peak_rss_mib includes TensorFlow, which the reader and the
+configs import):
+
+  python3 torch_peer.py --model=small --steps=60 --warmup=5
+  model=small torch=V threads=T steps=60 seconds=S last_loss=L peak_rss_mib=M
+  wps: N
+
+last_loss is the last step's cross-entropy per word. A learning curve, with
+`--epochs=N`: N epochs with the tutorial's learning-rate schedule, printing
+ptb_word_lm.py's lines (`Epoch: 1 Learning rate: 1.000`, the progress
+lines, `Epoch: 1 Train Perplexity: X`, `Epoch: 1 Valid Perplexity: X`),
+then `Test Perplexity: X`.
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ptb import config as config_lib
+from ptb import data as data_lib
+from ptb import monitor
+from ptb.errors import Stop
+from ptb.errors import UserError
+from ptb.training import epoch_learning_rate
+import ptb_word_lm
+import reader
+
+
+class PTBModel(nn.Module):
+  """The tutorial's network: embedding, stacked LSTM, softmax.
+
+  Its parameters are the tutorial's variables in torch's layout
+  (load_tutorial_weights maps one onto the other): the embedding
+  `[vocab, hidden]`; per layer, the kernel `[2 * hidden, 4 * hidden]`
+  transposed and split into `weight_ih` and `weight_hh` `[4 * hidden,
+  hidden]`, with the gate blocks in torch's order (input, forget,
+  candidate, output) for the tutorial's (input, candidate, forget,
+  output), and the bias `[4 * hidden]` as `bias_ih`; the softmax
+  `[hidden, vocab]` transposed, and its bias. torch's cell adds a second
+  bias, `bias_hh`: here it is zero and frozen, so each gate has one bias as
+  in the tutorial. No forget bias is added. All weights start uniform in
+  ±init_scale.
+
+  In training, with keep_prob < 1, dropout acts on the embedded inputs and
+  on every layer's output (nn.LSTM drops between its layers, this module
+  after the top one), never on the recurrent state.
+  """
+
+  def __init__(self, config):
+    super().__init__()
+    size, layers = config.hidden_size, config.num_layers
+    self.keep_prob = config.keep_prob
+    self.embedding = nn.Embedding(config.vocab_size, size)
+    self.lstm = nn.LSTM(size, size, layers,
+                        dropout=1 - config.keep_prob if layers > 1 else 0)
+    self.softmax = nn.Linear(size, config.vocab_size)
+    for p in self.parameters():
+      nn.init.uniform_(p, -config.init_scale, config.init_scale)
+    for k in range(layers):
+      bias_hh = getattr(self.lstm, "bias_hh_l%d" % k)
+      nn.init.zeros_(bias_hh)
+      bias_hh.requires_grad_(False)
+
+  def zero_state(self, batch_size):
+    """The state a pass starts from: (h, c), each `[layers, batch, hidden]`."""
+    shape = (self.lstm.num_layers, batch_size, self.lstm.hidden_size)
+    return torch.zeros(shape), torch.zeros(shape)
+
+  def _dropout(self, x):
+    if self.keep_prob < 1:
+      return F.dropout(x, 1 - self.keep_prob, self.training)
+    return x
+
+  def forward(self, inputs, state):
+    """Runs one window.
+
+    Args:
+      inputs: int64 `[steps, batch]` word ids.
+      state: (h, c), each `[layers, batch, hidden]`.
+
+    Returns:
+      (logits `[steps * batch, vocab]`, the looked-up embeddings `[steps,
+      batch, hidden]`, the final state).
+    """
+    embedded = self.embedding(inputs)
+    outputs, state = self.lstm(self._dropout(embedded), state)
+    logits = self.softmax(self._dropout(outputs))
+    return logits.view(-1, logits.shape[-1]), embedded, state
+
+
+def load_tutorial_weights(model, weights):
+  """Sets `model`'s parameters from ptb_word_lm.py's variables.
+
+  Args:
+    model: a PTBModel.
+    weights: {name: numpy array}: "Model/embedding" `[vocab, hidden]`;
+      per layer k, "Model/RNN/cell_k/kernel" `[2 * hidden, 4 * hidden]`
+      and "Model/RNN/cell_k/bias" `[4 * hidden]`, gates (i, j, f, o);
+      "Model/softmax_w" `[hidden, vocab]`; "Model/softmax_b" `[vocab]`.
+  """
+
+  def torch_gates(a):
+    """Puts the gate blocks of the last axis in torch's order."""
+    i, j, f, o = np.split(a, 4, axis=-1)
+    return torch.from_numpy(np.concatenate([i, f, j, o], axis=-1))
+
+  size = model.lstm.hidden_size
+  lstm = model.lstm
+  with torch.no_grad():
+    model.embedding.weight.copy_(torch.from_numpy(weights["Model/embedding"]))
+    for k in range(lstm.num_layers):
+      kernel = torch_gates(weights["Model/RNN/cell_%d/kernel" % k]).t()
+      getattr(lstm, "weight_ih_l%d" % k).copy_(kernel[:, :size])
+      getattr(lstm, "weight_hh_l%d" % k).copy_(kernel[:, size:])
+      getattr(lstm, "bias_ih_l%d" % k).copy_(
+          torch_gates(weights["Model/RNN/cell_%d/bias" % k]))
+    model.softmax.weight.copy_(torch.from_numpy(weights["Model/softmax_w"]).t())
+    model.softmax.bias.copy_(torch.from_numpy(weights["Model/softmax_b"]))
+
+
+def windows(ids, batch_size, num_steps):
+  """The windows of one pass over `ids`, as reader.py cuts them.
+
+  Returns:
+    (inputs, targets): int64 `[epoch_size, num_steps, batch_size]`, time
+    major; window i's targets are its inputs shifted by one word.
+  """
+  x, y, _ = reader.chunk_windows(ids, batch_size, num_steps)
+  return tuple(torch.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 1),
+                                                     np.int64))
+               for a in (x, y))
+
+
+def cost_of(model, inputs, targets, state):
+  """The tutorial's cost of one window.
+
+  Returns:
+    (cost, embeddings, final state): the cost is the sum over the steps of
+    the batch-averaged cross-entropy, a scalar tensor.
+  """
+  logits, embedded, state = model(inputs, state)
+  cost = F.cross_entropy(logits, targets.reshape(-1), reduction="sum")
+  return cost / inputs.shape[1], embedded, state
+
+
+def train_step(model, inputs, targets, state, lr, max_grad_norm):
+  """One step of the tutorial's training on one window.
+
+  The gradients are clipped to the global norm `max_grad_norm`, as
+  tf.clip_by_global_norm does in the tutorial, and applied with plain SGD.
+
+  Args:
+    model: a PTBModel in training mode.
+    inputs, targets: int64 `[steps, batch]`.
+    state: the state to start from, (h, c) `[layers, batch, hidden]`.
+    lr: the epoch's learning rate.
+    max_grad_norm: the clipping norm.
+
+  Returns:
+    (cost, the gradients' global norm before clipping, the final state
+    detached from this step's graph).
+  """
+  params = [p for p in model.parameters() if p.requires_grad]
+  for p in params:
+    p.grad = None
+  cost, embedded, state = cost_of(model, inputs, targets, state)
+  embedded.retain_grad()
+  cost.backward()
+  # The tutorial's norm counts the embedding's gradient as tf.gradients
+  # gives it, one row per word looked up (IndexedSlices): the gradient of
+  # the looked-up embeddings. The dense gradient sums a repeated word's rows.
+  grads = [p.grad for p in params if p is not model.embedding.weight]
+  norm = torch.nn.utils.get_total_norm(grads + [embedded.grad]).item()
+  # tf.clip_by_global_norm's factor (NaN with a NaN norm), applied to the
+  # learning rate: the same update as scaling every gradient, without the
+  # pass over them.
+  scale = max_grad_norm / max(norm, max_grad_norm)
+  with torch.no_grad():
+    for p in params:
+      p.add_(p.grad, alpha=-lr * scale)
+  return cost.item(), norm, tuple(s.detach() for s in state)
+
+
+def run_epoch(model, inputs, targets, lr=None, max_grad_norm=None,
+              verbose=False):
+  """One pass over the windows, from a zero state carried between them.
+
+  Args:
+    model: a PTBModel.
+    inputs, targets: int64 `[epoch_size, steps, batch]` (see windows).
+    lr: the learning rate to train with; None evaluates (no dropout).
+    max_grad_norm: the clipping norm, when training.
+    verbose: print ptb_word_lm.py's progress line about ten times.
+
+  Returns:
+    The pass's perplexity.
+  """
+  training = lr is not None
+  model.train(training)
+  epoch_size, num_steps, batch_size = inputs.shape
+  state = model.zero_state(batch_size)
+  costs, start = 0.0, time.perf_counter()
+  every = max(1, epoch_size // 10)  # ptb_word_lm.run_epoch's cadence
+  with torch.set_grad_enabled(training):
+    for step in range(epoch_size):
+      if training:
+        cost, _, state = train_step(model, inputs[step], targets[step], state,
+                                    lr, max_grad_norm)
+      else:
+        cost, _, state = cost_of(model, inputs[step], targets[step], state)
+        cost = cost.item()
+      costs += cost
+      if verbose and step % every == 10 % every:
+        print("%.3f perplexity: %.3f speed: %.0f wps" % (
+            step / epoch_size, np.exp(costs / ((step + 1) * num_steps)),
+            (step + 1) * num_steps * batch_size
+            / (time.perf_counter() - start)), flush=True)
+  return np.exp(costs / (epoch_size * num_steps))
+
+
+def train_epochs(model, config, data, epochs):
+  """Trains `epochs` epochs and tests, printing ptb_word_lm.py's lines.
+
+  Args:
+    model: a PTBModel.
+    config: its config.
+    data: (train, valid, test) id lists.
+    epochs: how many epochs.
+  """
+  train, valid = (windows(ids, config.batch_size, config.num_steps)
+                  for ids in data[:2])
+  for epoch in range(epochs):
+    lr = epoch_learning_rate(config, epoch)
+    print("Epoch: %d Learning rate: %.3f" % (epoch + 1, lr), flush=True)
+    perplexity = run_epoch(model, *train, lr, config.max_grad_norm, True)
+    print("Epoch: %d Train Perplexity: %.3f" % (epoch + 1, perplexity))
+    print("Epoch: %d Valid Perplexity: %.3f" % (epoch + 1,
+                                                run_epoch(model, *valid)),
+          flush=True)
+  print("Test Perplexity: %.3f" % run_epoch(model, *windows(data[2], 1, 1)))
+
+
+def measure_speed(model, config, train_ids, steps, warmup):
+  """Times `steps` training steps after `warmup` untimed ones.
+
+  The steps take the training windows in order, the state carried, from
+  zeros at the start of each pass.
+
+  Returns:
+    (words per second, seconds, the last step's cost per word).
+  """
+  inputs, targets = windows(train_ids, config.batch_size, config.num_steps)
+  lr = epoch_learning_rate(config, 0)
+  model.train()
+  for i in range(warmup + steps):
+    if i == warmup:
+      start = time.perf_counter()
+    window = i % len(inputs)
+    if window == 0:
+      state = model.zero_state(config.batch_size)
+    cost, _, state = train_step(model, inputs[window], targets[window], state,
+                                lr, config.max_grad_norm)
+  seconds = time.perf_counter() - start
+  words = steps * config.batch_size * config.num_steps
+  return words / seconds, seconds, cost / config.num_steps
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(
+      prog="torch_peer.py", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--data_path", default=None,
+                      help="PTB directory; unset: $PTB_DATA_PATH, else the "
+                      "cache, as ptb_word_lm.py finds it")
+  parser.add_argument("--model", default="small",
+                      help="small, medium, large or test")
+  parser.add_argument("--steps", type=int, default=60,
+                      help="timed training steps")
+  parser.add_argument("--warmup", type=int, default=5,
+                      help="untimed training steps first")
+  parser.add_argument("--epochs", type=int, default=0,
+                      help="instead of timing: train this many epochs with "
+                      "the tutorial's schedule, printing perplexities")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="torch's random seed")
+  parser.add_argument("--config_overrides", default="",
+                      help="field=value,... over the config, as in "
+                      "ptb_word_lm.py")
+  args = parser.parse_args(argv)
+  if args.steps < 1 or args.warmup < 0 or args.epochs < 0:
+    parser.error("--steps must be at least 1, --warmup and --epochs 0 or "
+                 "more")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  config = config_lib.resolve_config(ptb_word_lm.get_config(args.model), 0,
+                                     args.config_overrides)
+  data = reader.load_data(
+      data_lib.resolve(args.data_path), config.vocab_size,
+      (config.batch_size, config.batch_size, 1),
+      (config.num_steps, config.num_steps, 1))
+  torch.manual_seed(args.seed)
+  model = PTBModel(config)
+  if args.epochs:
+    train_epochs(model, config, data, args.epochs)
+    return
+  wps, seconds, loss = measure_speed(model, config, data[0], args.steps,
+                                     args.warmup)
+  print("model=%s%s torch=%s threads=%d steps=%d seconds=%.2f last_loss=%.3f "
+        "peak_rss_mib=%.0f" % (
+            args.model, " " + args.config_overrides if args.config_overrides
+            else "", torch.__version__, torch.get_num_threads(), args.steps,
+            seconds, loss, monitor.peak_rss_mib()))
+  print("wps: %.0f" % wps)
+
+
+if __name__ == "__main__":
+  try:
+    main()
+  except Stop as e:
+    print("torch_peer.py: %s%s" % ("error: " if isinstance(e, UserError)
+                                   else "", e), file=sys.stderr)
+    sys.exit(e.exit_code)

@@ -1,0 +1,276 @@
+"""Tests of torch_peer.py, the PyTorch peer; they need torch.
+
+Without torch (it is not a requirement of the project) they are skipped:
+`python3 -m pip install -r requirements-peer.txt` installs it.
+"""
+
+import contextlib
+import copy
+import importlib.util
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+from unittest import mock
+
+import numpy as np
+import tensorflow as tf
+
+from ptb.testing import HERE
+from ptb.testing import TinyConfig
+from ptb.testing import build_tiny_model
+from ptb.testing import make_corpus
+from ptb.training import epoch_learning_rate
+from ptb_word_lm_test import LINE_FORMATS
+from ptb_word_lm_test import _tutorial_training
+import reader
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+NO_TORCH = ("torch is not installed (it is optional: python3 -m pip install "
+            "-r requirements-peer.txt)")
+if HAVE_TORCH:
+  import torch  # pylint: disable=g-import-not-at-top
+  import torch_peer  # pylint: disable=g-import-not-at-top
+
+SCRIPT = os.path.join(HERE, "torch_peer.py")
+
+
+def port_run(config, data, epochs):
+  """ptb_word_lm.py's training and evaluation of `epochs` epochs.
+
+  Args:
+    config: a BASIC config without dropout.
+    data: (train, valid, test) id lists.
+    epochs: epochs to train, at the tutorial's learning rates.
+
+  Returns:
+    ({variable name: initial value}, {name: final value}, the cost of every
+    training step, the valid perplexity of every epoch, the test
+    perplexity).
+  """
+  test_config = copy.copy(config)
+  test_config.batch_size = test_config.num_steps = 1
+  with tf.Graph().as_default():
+    train = build_tiny_model(config, np.array(data[0]), config.rnn_mode,
+                             seed=11)
+    valid, test = (build_tiny_model(c, np.array(ids), config.rnn_mode,
+                                    is_training=False)
+                   for c, ids in ((config, data[1]), (test_config, data[2])))
+    params = {v.op.name: v for v in tf.compat.v1.trainable_variables()}
+    with tf.compat.v1.Session() as sess:
+
+      def perplexity(model):
+        sess.run(model.reset_state)
+        costs = [sess.run([model.cost, model.update_state])[0]
+                 for _ in range(model.input.epoch_size)]
+        return np.exp(np.sum(costs) / (len(costs) * model.input.num_steps))
+
+      sess.run([tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer()])
+      initial = sess.run(params)
+      costs, valid_perplexities = [], []
+      for epoch in range(epochs):
+        train.assign_lr(sess, epoch_learning_rate(config, epoch))
+        sess.run(train.reset_state)
+        costs += [sess.run([train.cost, train.train_op,
+                            train.update_state])[0]
+                  for _ in range(train.input.epoch_size)]
+        valid_perplexities.append(perplexity(valid))
+      return (initial, sess.run(params), costs, valid_perplexities,
+              perplexity(test))
+
+
+def recording_train_step():
+  """A stand-in for torch_peer.train_step that records calls and results.
+
+  Returns:
+    (the stand-in, the list of (lr, cost, norm) it fills).
+  """
+  real, calls = torch_peer.train_step, []
+
+  def train_step(*args):
+    result = real(*args)
+    calls.append((args[4],) + result[:2])
+    return result
+
+  return train_step, calls
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class SameModelAsThePortTest(tf.test.TestCase):
+  """From the same weights, the peer takes the port's training steps.
+
+  No dropout, so the two compute the same numbers: every step's cost (with
+  the state carried from window to window and zeroed at each pass), the
+  clipping and its norm, the learning rate of each epoch, the weights at
+  the end, and the valid and test perplexities.
+  """
+
+  def testTrainEpochsTakesThePortsStepsFromItsWeights(self):
+    config = TinyConfig()  # 2 layers, hidden 8, batch 4, 5 steps
+    config.max_grad_norm = 1.0
+    config.max_epoch, config.lr_decay, epochs = 1, 0.5, 2
+    with tempfile.TemporaryDirectory() as tmp:
+      *data, config.vocab_size = reader.ptb_raw_data(
+          make_corpus(tmp, train_lines=30))
+    initial, final, want_costs, want_valid, want_test = port_run(
+        config, data, epochs)
+
+    peer = torch_peer.PTBModel(config)
+    torch_peer.load_tutorial_weights(peer, initial)
+    stand_in, calls = recording_train_step()
+    out = io.StringIO()
+    with mock.patch.object(torch_peer, "train_step", stand_in), \
+        contextlib.redirect_stdout(out):
+      torch_peer.train_epochs(peer, config, data, epochs)
+    lrs, costs, norms = zip(*calls)
+
+    epoch_size = len(want_costs) // epochs
+    self.assertEqual(lrs, (1.0,) * epoch_size + (0.5,) * epoch_size)
+    self.assertAllClose(costs, want_costs, rtol=1e-4)
+    # Steps with and without clipping both occur.
+    self.assertGreater(max(norms), config.max_grad_norm)
+    self.assertLess(min(norms), config.max_grad_norm)
+    trained = {name: p.detach().numpy()
+               for name, p in peer.named_parameters()}
+    torch_peer.load_tutorial_weights(peer, final)
+    for name, want in peer.named_parameters():
+      self.assertAllClose(trained[name], want.detach().numpy(), rtol=1e-4,
+                          atol=1e-6, msg=name)
+    text = out.getvalue()
+    valid = [float(v) for v in re.findall(r"Valid Perplexity: (\S+)", text)]
+    self.assertAllClose(valid, want_valid, rtol=1e-4)
+    test = float(re.search(r"Test Perplexity: (\S+)", text).group(1))
+    self.assertAllClose(test, want_test, rtol=1e-4)
+
+  def testClipsByTheTutorialsNorm(self):
+    """The norm counts the embedding's gradient one row per word looked up.
+
+    So does tf.gradients' IndexedSlices in the tutorial; a dense gradient
+    adds a repeated word's rows first. With 3 words and weights in ±1 the
+    embedding's part of the norm is large enough to tell the two apart.
+    """
+    config = TinyConfig()
+    config.vocab_size, config.max_grad_norm, num_calls = 3, 1.0, 3
+    size, vocab = config.hidden_size, config.vocab_size
+    rng = np.random.RandomState(5)
+    rows = rng.randint(0, vocab, (config.batch_size,
+                                  num_calls * config.num_steps + 1))
+    names = ["Model/embedding"] + [
+        "Model/RNN/cell_%d/%s" % (k, n) for k in range(config.num_layers)
+        for n in ("kernel", "bias")] + ["Model/softmax_w", "Model/softmax_b"]
+    shapes = [(vocab, size)] + [(2 * size, 4 * size), (4 * size,)] * (
+        config.num_layers) + [(size, vocab), (vocab,)]
+    weights = [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+    want_costs, want_norms, _ = _tutorial_training(weights, rows, config,
+                                                   num_calls)
+
+    peer = torch_peer.PTBModel(config)
+    torch_peer.load_tutorial_weights(peer, dict(zip(names, weights)))
+    peer.train()
+    state = peer.zero_state(config.batch_size)
+    costs, norms, dense_norms = [], [], []
+    for x, y in zip(*torch_peer.windows(rows.reshape(-1), config.batch_size,
+                                        config.num_steps)):
+      cost, norm, state = torch_peer.train_step(
+          peer, x, y, state, config.learning_rate, config.max_grad_norm)
+      costs.append(cost)
+      norms.append(norm)
+      dense_norms.append(float(torch.nn.utils.get_total_norm(
+          [p.grad for p in peer.parameters() if p.grad is not None])))
+    self.assertAllClose(norms, want_norms, rtol=1e-5)
+    self.assertAllClose(costs, want_costs, rtol=1e-5)
+    self.assertNotAllClose(dense_norms, want_norms, rtol=0.02)
+    # The first step is not clipped, the others are.
+    self.assertLess(norms[0], config.max_grad_norm)
+    self.assertGreater(min(norms[1:]), config.max_grad_norm)
+
+  def testBiasHhIsZeroAndFrozen(self):
+    peer = torch_peer.PTBModel(TinyConfig())
+    for k in range(TinyConfig.num_layers):
+      bias_hh = getattr(peer.lstm, "bias_hh_l%d" % k)
+      self.assertFalse(bias_hh.requires_grad)
+      self.assertEqual(float(bias_hh.abs().max()), 0.0)
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class LearningRateScheduleTest(tf.test.TestCase):
+
+  def testEachEpochTrainsAtTheTutorialsRate(self):
+    config = TinyConfig()
+    config.learning_rate, config.max_epoch, config.lr_decay = 0.5, 2, 0.25
+    with tempfile.TemporaryDirectory() as tmp:
+      *data, config.vocab_size = reader.ptb_raw_data(
+          make_corpus(tmp, train_lines=30))
+    stand_in, calls = recording_train_step()
+    out = io.StringIO()
+    with mock.patch.object(torch_peer, "train_step", stand_in), \
+        contextlib.redirect_stdout(out):
+      torch_peer.train_epochs(torch_peer.PTBModel(config), config, data, 4)
+    rates = [0.5, 0.5, 0.125, 0.03125]
+    self.assertEqual(re.findall(r"Learning rate: (\S+)", out.getvalue()),
+                     ["%.3f" % r for r in rates])
+    epoch_size = len(calls) // 4
+    self.assertEqual([lr for lr, _, _ in calls],
+                     [r for r in rates for _ in range(epoch_size)])
+
+
+def run_script(*args):
+  """Runs torch_peer.py; returns (exit code, stdout, stderr)."""
+  proc = subprocess.run([sys.executable, SCRIPT] + list(args),
+                        capture_output=True, text=True, timeout=600, cwd=HERE)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class CommandLineTest(tf.test.TestCase):
+
+  def testEpochsPrintThePortsLines(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp, train_lines=100)
+      code, out, err = run_script("--data_path=" + tmp, "--model=test",
+                                  "--epochs=2",
+                                  "--config_overrides=max_epoch=1")
+      train = reader.ptb_raw_data(tmp)[0]
+    self.assertEqual(code, 0, err)
+    lines = out.splitlines()
+    self.assertEqual(lines[0], "Config overrides: max_epoch=1")
+    for line in lines[1:]:
+      self.assertTrue(any(re.fullmatch(f, line) for f in LINE_FORMATS),
+                      "not one of ptb_word_lm.py's lines: %r" % line)
+    self.assertEqual(lines[1], "Epoch: 1 Learning rate: 1.000")
+    self.assertIn("Epoch: 2 Learning rate: 0.500", lines)
+    # ptb_word_lm.run_epoch's cadence: about ten lines an epoch, here one
+    # at every step of the short epochs.
+    epoch_size = reader.epoch_size(len(train), 20, 2)
+    every = max(1, epoch_size // 10)
+    self.assertLen([l for l in lines if "wps" in l], 2 * len(
+        [s for s in range(epoch_size) if s % every == 10 % every]))
+    self.assertRegex(lines[-1], r"^Test Perplexity: ")
+
+  def testSpeedPrintsTheSharedPeersTwoLines(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      code, out, err = run_script("--data_path=" + make_corpus(tmp),
+                                  "--model=test", "--steps=3", "--warmup=1")
+    self.assertEqual(code, 0, err)
+    lines = out.splitlines()
+    self.assertLen(lines, 2)
+    self.assertRegex(lines[0], r"^model=test torch=\S+ threads=\d+ steps=3 "
+                     r"seconds=\d+\.\d\d last_loss=\d+\.\d{3} "
+                     r"peak_rss_mib=\d+$")
+    self.assertRegex(lines[1], r"^wps: \d+$")
+
+  def testUserErrorIsOneLine(self):
+    code, out, err = run_script("--model=huge", "--data_path=" + HERE)
+    self.assertEqual(code, 2)
+    self.assertEqual(out, "")
+    self.assertNotIn("Traceback", err)
+    self.assertIn("torch_peer.py: error: Invalid model: huge; valid values "
+                  "are small, medium, large, test\n", err)
+
+
+if __name__ == "__main__":
+  tf.test.main()
