@@ -4,6 +4,7 @@ lstm            the LSTM layer in its modes (BASIC, BLOCK, CUDNN), the stack
 lstm_backward   the BASIC cell's forward pass, the shared backward pass
 wavefront       BASIC over all layers as a wavefront of time chunks
 softmax         the softmax loss with its hand-written gradient
+low_rank_update gradients of few rows applied from their factors
 dropout         dropout as explicit masks
 kernels         the C++ kernels (kernels.cc): build, cache, load
 config          rnn modes (AUTO), --config_overrides, value checks

@@ -40,11 +40,11 @@ which, and which width, once, in the log.
 
 Building and loading need neither: the source is compiled without -mavx2 or
 -mavx512f, each width's functions carry their own target, so the library
-compiles and its ops register on any x86-64 CPU; only PanelMatMul and
-SoftmaxCrossEntropy run vector code, and they refuse a width that the CPU
-cannot run (PackPanels is plain C++). `load_library()` builds and loads the
-library wherever there is a compiler, for tests and tools; `load()`, which
-the model calls, adds the checks of where the ops can run.
+compiles and its ops register on any x86-64 CPU; every op but PackPanels
+(plain C++) runs vector code and refuses a width that the CPU cannot run.
+`load_library()` builds and loads the library wherever there is a
+compiler, for tests and tools; `load()`, which the model calls, adds the
+checks of where the ops can run.
 
 Nothing here reads flags or builds models.
 """

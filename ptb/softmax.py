@@ -18,13 +18,13 @@ def softmax_loss(inputs, softmax_w, softmax_b, labels):
   Equal to tf.nn.sparse_softmax_cross_entropy_with_logits applied to
   `inputs @ softmax_w + softmax_b`, with less work on the `[N, V]` logits
   (N = batch x steps rows, V = vocabulary) besides the three matmuls. With
-  the kernels (kernels.py: float32 on a CPU with AVX-512) one op takes
-  the logits from the matmul and, a row at a time while the row is in the
-  L1 cache, adds the bias and writes softmax - onehot over them, with the
-  loss (`softmax_loss_fused`). Otherwise the forward pass is one fused
-  softmax (oneDNN) and the backward pass writes p - onehot into it in place
-  (`softmax_loss_ops`). Both apply the per-row scale of the incoming
-  gradient to the `[N, H]` side of the gradient's matmuls.
+  the kernels (kernels.py: float32 on a CPU with AVX-512, or AVX2 with FMA)
+  one op takes the logits from the matmul and, a row at a time while the
+  row is in the L1 cache, adds the bias and writes softmax - onehot over
+  them, with the loss (`softmax_loss_fused`). Otherwise the forward pass is
+  one fused softmax (oneDNN) and the backward pass writes p - onehot into
+  it in place (`softmax_loss_ops`). Both apply the per-row scale of the
+  incoming gradient to the `[N, H]` side of the gradient's matmuls.
 
   Args:
     inputs: `[N, H]` outputs of the last layer.
