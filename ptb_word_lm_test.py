@@ -1,5 +1,6 @@
 """Tests of the model, the training step and the command line of ptb_word_lm.py."""
 
+import contextlib
 import copy
 import json
 import os
@@ -17,6 +18,7 @@ from ptb import kernels
 from ptb import monitor
 from ptb import training
 from ptb import wavefront
+from ptb.errors import UserError
 from ptb.testing import HERE
 from ptb.testing import LEARNED_TEST_PERPLEXITY
 from ptb.testing import LEARNING_OVERRIDES
@@ -676,7 +678,7 @@ class ErrorTest(tf.test.TestCase):
                          "unknown field 'max_epochs'.*max_epoch", code=2)
     self.assertUserError(["--data_path=/x", "--num_gpus=0",
                           "--config_overrides=num_layers=two"],
-                         "num_layers=two is not a valid int", code=2)
+                         "num_layers=two must be a whole number", code=2)
     self.assertUserError(["--data_path=/x", "--num_gpus=0",
                           "--config_overrides=keep_prob=0"],
                          "keep_prob=0.0 must be in", code=2)
@@ -699,6 +701,44 @@ class ConfigTest(tf.test.TestCase):
                                "keep_prob": 0.5, "rnn_mode": "basic"})
     self.assertEqual((config.max_epoch, config.max_max_epoch), (1, 2))
     self.assertIsInstance(config.max_epoch, int)
+
+  def _resolved(self, overrides=None, **class_edits):
+    """TestConfig, its class edited in place by `class_edits`, resolved."""
+    edited = (mock.patch.multiple(ptb_word_lm.TestConfig, **class_edits)
+              if class_edits else contextlib.nullcontext())
+    with edited:
+      return config_lib.resolve_config(ptb_word_lm.get_config("test"), 0,
+                                       overrides)
+
+  def testRatesTakeIntsAndFloatsAndStayFloats(self):
+    # max_grad_norm = 1 and keep_prob = 1.0 stand in the class.
+    for overrides, edits, want in (
+        ("max_grad_norm=2.5", {}, 2.5), ("max_grad_norm=3", {}, 3.0),
+        (None, {"max_grad_norm": 2.5}, 2.5), (None, {"max_grad_norm": 3}, 3.0),
+        ("keep_prob=1", {}, 1.0), (None, {"keep_prob": 1}, 1.0)):
+      config = self._resolved(overrides, **edits)
+      name = (overrides or next(iter(edits))).split("=")[0]
+      value = getattr(config, name)
+      self.assertEqual(value, want, msg=(overrides, edits))
+      self.assertIsInstance(value, float, msg=(overrides, edits))
+
+  def testSizesTakeWholeNumbersOnly(self):
+    self.assertEqual(self._resolved("num_steps=7").num_steps, 7)
+    self.assertEqual(self._resolved(num_steps=7).num_steps, 7)
+    for overrides, edits, pattern in (
+        ("num_steps=2.5", {}, r"^--config_overrides: num_steps=2\.5 must be a "
+         r"whole number \(a size or a count\)$"),
+        ("hidden_size=1e3", {}, r"^--config_overrides: hidden_size=1e3 must "
+         r"be a whole number"),
+        (None, {"num_steps": 2.5}, r"^config num_steps=2\.5 must be a whole "
+         r"number \(a size or a count\)$"),
+        (None, {"batch_size": 20.0}, r"^config batch_size=20\.0 must be a "
+         r"whole number"),
+        ("learning_rate=fast", {}, r"^--config_overrides: learning_rate=fast "
+         r"must be a number$")):
+      with self.assertRaisesRegex(UserError, pattern) as e:
+        self._resolved(overrides, **edits)
+      self.assertEqual(e.exception.exit_code, 2)
 
   def testSpecValues(self):
     expected = {
