@@ -25,9 +25,11 @@ from ptb.testing import LEARNING_OVERRIDES
 from ptb.testing import TinyConfig
 from ptb.testing import assert_user_error
 from ptb.testing import build_tiny_model
+from ptb.testing import learning_config
 from ptb.testing import make_corpus
 from ptb.testing import make_structured_corpus
 from ptb.testing import reference_lstm
+from ptb.testing import run_options
 from ptb.testing import run_script
 from ptb.testing import unigram_perplexity
 import ptb_word_lm
@@ -140,13 +142,6 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
       train.assign_lr(session, training.epoch_learning_rate(config, i))
       ptb_word_lm.run_epoch(session, train, eval_op=train.train_op)
   return graph, session, models
-
-
-def learning_config():
-  """--model=test with LEARNING_OVERRIDES, in BASIC."""
-  config = ptb_word_lm.get_config("test", "basic")
-  config_lib.apply_overrides(config, LEARNING_OVERRIDES)
-  return config
 
 
 class StructuredCorpusTest(tf.test.TestCase):
@@ -534,12 +529,8 @@ class LibraryPagesTest(tf.test.TestCase):
     run = None
     with mock.patch.object(monitor, "release_library_pages", release):
       run = training.TrainingRun(
-          config, eval_config, data, ["/cpu:0"],
-          {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
-           "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
-           "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
-           "cluster": None, "cluster_timeout": 60.0, "summary": {},
-           "sampler": None}, ptb_word_lm.build_models, ptb_word_lm.run_epoch)
+          config, eval_config, data, ["/cpu:0"], run_options(eval_unroll=4),
+          ptb_word_lm.build_models, ptb_word_lm.run_epoch)
       run.run()
     self.assertEqual([(c["phase"], c["epoch"], c["step"]) for c in calls],
                      [("startup", 0, 0), ("train", 1, 0), ("valid", 1, 0),
@@ -575,12 +566,8 @@ class LearningRateScheduleTest(tf.test.TestCase):
       return result
 
     training.TrainingRun(
-        config, eval_config, data, ["/cpu:0"],
-        {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
-         "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
-         "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
-         "cluster": None, "cluster_timeout": 60.0, "summary": {},
-         "sampler": None}, ptb_word_lm.build_models, run_epoch).run()
+        config, eval_config, data, ["/cpu:0"], run_options(eval_unroll=4),
+        ptb_word_lm.build_models, run_epoch).run()
     self.assertAllClose(np.array(moved) / config.max_grad_norm,
                         [1.0, 1.0, 0.5, 0.25, 0.125], rtol=1e-3)
 

@@ -57,17 +57,23 @@ class Summary(object):
     """Appends one finished epoch's record (a dict with its "epoch")."""
     self.fields["epochs"].append(record)
 
-  def resume(self, epochs_done, step):
+  def resume(self, epochs_done, step, config_changes=None):
     """Carries the run's earlier summary into this one, on resume.
 
     Keeps the earlier file's records of epochs 1 to `epochs_done`, its
-    resumes, its wall time and its peak RSS. A file that cannot be read, or
-    is of another model, is replaced, with a warning.
+    resumes, its wall time and its peak RSS, and records this resume. A
+    file that cannot be read, or is of another model, is replaced, with a
+    warning.
 
     Args:
       epochs_done: epochs the restored checkpoint has finished.
       step: training steps it has done in the epoch after them.
+      config_changes: {field: {"from": value, "to": value}} from the
+        checkpoint's config to this run's; None where it records none.
     """
+    this = {"epoch": epochs_done + 1, "step": step, "wall_seconds": 0.0,
+            "config_changes": config_changes}
+    self.fields["resumes"] = [this]
     earlier = self._read_earlier()
     if earlier is None:
       return
@@ -79,10 +85,9 @@ class Summary(object):
            "resume; the others stay missing from it"
            % (self.path, len(epochs), epochs_done))
     self.fields["epochs"] = epochs
+    this["wall_seconds"] = _number(earlier.get("wall_seconds"))
     self.fields["resumes"] = [
-        r for r in earlier.get("resumes") or () if isinstance(r, dict)] + [{
-        "epoch": epochs_done + 1, "step": step,
-        "wall_seconds": _number(earlier.get("wall_seconds"))}]
+        r for r in earlier.get("resumes") or () if isinstance(r, dict)] + [this]
     self.fields["peak_rss_mib"] = _number(earlier.get("peak_rss_mib"))
 
   def _read_earlier(self):

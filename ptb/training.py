@@ -15,6 +15,7 @@ from ptb import cluster as cluster_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import monitor
+from ptb import resume as resume_lib
 from ptb import summary as summary_lib
 from ptb.checkpoint import Checkpointer
 from ptb.checkpoint import Progress
@@ -37,6 +38,25 @@ def start_sampler(path, interval, devices, save_path=None):
       gpu_names=gpus, append=bool(checkpoint_lib.candidates(save_path)))
   sampler.start()
   return sampler
+
+
+def run_record(config, devices, cluster):
+  """What the run's checkpoints record of it (resume.record)."""
+  workers = len(cluster.worker_hosts) if cluster else 1
+  return resume_lib.record(config, len(devices), workers)
+
+
+def find_resume(save_path, config, devices, cluster):
+  """The checkpoint the run resumes from, as a resume.Resume; None if none.
+
+  Called before anything is written: a checkpoint that this config cannot
+  continue is refused here (resume.find). Only the chief of a cluster
+  restores; the other workers get None.
+  """
+  if not save_path or (cluster and not cluster_lib.is_chief(cluster)):
+    return None
+  return resume_lib.find(save_path, run_record(config, devices, cluster),
+                         restart_epoch=cluster is not None)
 
 
 def epoch_learning_rate(config, epoch):
@@ -97,6 +117,7 @@ class TrainingRun(object):
     self.run_epoch = run_epoch
     self.options = options
     self.save_path = options["save_path"]
+    self.resume = options.get("resume")
     self.sampler = options.get("sampler")
     self.summary = summary_lib.Summary(
         options.get("summary_json"), options.get("argv", ()),
@@ -118,7 +139,7 @@ class TrainingRun(object):
                             replica)
       self.m, self.mvalid, self.mtest = (models["train"], models["valid"],
                                          models["test"])
-      self.progress = Progress()
+      self.progress = Progress(run_record(config, devices, self.cluster))
       self.global_step = tf.compat.v1.train.get_global_step()
       self.weights_finite = tf.reduce_all([
           tf.reduce_all(tf.math.is_finite(v))
@@ -134,7 +155,8 @@ class TrainingRun(object):
         self.checkpointer = Checkpointer(
             self.save_path, tf.compat.v1.global_variables() +
             self.m.state_variables + [self.m.input.position],
-            optional=dropout.SEED_VARIABLES)
+            optional=dropout.SEED_VARIABLES,
+            damaged=self.resume.damaged if self.resume else ())
 
   def _session(self):
     config = devices_lib.session_config(
@@ -151,25 +173,37 @@ class TrainingRun(object):
 
   def _initialize(self, session):
     """Initialises or restores; returns (epoch, step, costs) to start from."""
-    ckpt = self.checkpointer.latest(warn) if self.checkpointer else None
+    resume = self.resume
     if not self.chief:
       self._wait_for_chief(session)
-    elif ckpt:
-      # Restoring initialises the variables: other workers wait for exactly
-      # that, so they never see freshly initialised weights.
-      session.run(self.local_init)
-      self.checkpointer.restore(session, ckpt, warn)
-    else:
+      # A cluster saves only at an epoch's end.
+      return self.progress.get(session)[0], 0, 0.0
+    if not resume:
       session.run([self.global_init, self.local_init])
-    start = self.progress.get(session) if (ckpt or not self.chief) else (
-        0, 0, 0.0)
-    if self.cluster:
-      start = (start[0], 0, 0.0)  # A cluster saves only at an epoch's end.
-    if ckpt:
-      print("Resuming from epoch %d step %d of %s"
-            % (start[0] + 1, start[1], self.save_path), flush=True)
-      self.summary.resume(*start[:2])
-    return start
+      return 0, 0, 0.0
+    # Restoring initialises the variables: other workers wait for exactly
+    # that, so they never see freshly initialised weights.
+    session.run(self.local_init)
+    self.checkpointer.restore(session, resume.ckpt, self._fresh(resume), warn)
+    print("Resuming from epoch %d step %d of %s"
+          % (resume.epoch + 1, resume.step, self.save_path), flush=True)
+    for line in resume.lines():
+      print(line, flush=True)
+    self.summary.resume(resume.epoch, resume.step, resume.summary_changes())
+    return resume.epoch, resume.step, resume.costs
+
+  def _fresh(self, resume):
+    """The variables that a restore leaves at their initial values.
+
+    The config recorded is always this run's. Unless the run continues an
+    epoch part-way, the training pass's LSTM state and data position start
+    at zero, as at any epoch's start (their checkpoint's may be of another
+    num_steps, batch_size or split of the rows).
+    """
+    fresh = [self.progress.config]
+    if not resume.mid_epoch:
+      fresh += self.m.state_variables + [self.m.input.position]
+    return fresh
 
   def _wait_for_chief(self, session):
     deadline = time.time() + self.options["cluster_timeout"]
