@@ -7,6 +7,7 @@ import re
 import tensorflow as tf
 
 from ptb.errors import UserError
+from ptb.errors import write_failure
 
 
 # The variables of Progress, by name.
@@ -139,6 +140,38 @@ def _kind(name):
   return re.sub(r"/tower_\d+/", "/tower_k/", name)
 
 
+def _remove_temporary_files(prefix):
+  """Removes what a failed save of `prefix` left: its temporary files.
+
+  Saver writes a checkpoint's files as `NAME.tempstateN` and its pointer
+  as `checkpoint.tmpN` before it renames them; a save that failed half-way
+  leaves them, and on a full disk they hold the room that the next save
+  needs.
+  """
+  directory, name = os.path.split(prefix)
+  try:
+    for entry in os.listdir(directory):
+      if ((entry.startswith(name + ".") and ".tempstate" in entry) or
+          entry.startswith("checkpoint.tmp")):
+        os.remove(os.path.join(directory, entry))
+  except OSError:  # the directory has gone, or was never there
+    pass
+
+
+class SaveFailed(Exception):
+  """A checkpoint could not be written; says why and what survives.
+
+  Attributes:
+    path: the checkpoint that could not be written.
+    last: the newest checkpoint that can be read, or None.
+  """
+
+  def __init__(self, message, path, last):
+    super().__init__(message)
+    self.path = path
+    self.last = last
+
+
 class Checkpointer(object):
   """Saves and restores a run in `save_path`, refusing foreign checkpoints."""
 
@@ -238,7 +271,8 @@ class Checkpointer(object):
     another name.
 
     Raises:
-      UserError: the save failed; it names the last good checkpoint.
+      SaveFailed: the save failed; it gives the operating system's reason
+        and names the last good checkpoint.
     """
     prefix = os.path.join(self._save_path, "model.ckpt-%d" % (
         tf.compat.v1.train.global_step(session, global_step)))
@@ -246,13 +280,15 @@ class Checkpointer(object):
       prefix += "r"
     try:
       return self._saver.save(session, prefix)
-    except (tf.errors.OpError, OSError) as e:
-      text = getattr(e, "message", None) or getattr(e, "strerror", None)
-      reason = (str(text or e).strip().splitlines() or [type(e).__name__])[0]
+    # Saver raises ValueError when the directory has gone.
+    except (tf.errors.OpError, OSError, ValueError) as e:
+      reason = write_failure(e, self._save_path)
+    _remove_temporary_files(prefix)
     try:
       last = newest_readable(self._save_path)[0]
     except UserError:
       last = None
-    raise UserError("saving a checkpoint to %s failed (%s); the last good "
-                    "checkpoint is %s" % (self._save_path, reason,
-                                          last or "none: nothing was saved"))
+    raise SaveFailed("saving a checkpoint to %s failed (%s); the last good "
+                     "checkpoint is %s" % (self._save_path, reason,
+                                           last or "none: nothing was saved"),
+                     prefix, last)

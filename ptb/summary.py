@@ -17,6 +17,7 @@ from ptb import config as config_lib
 from ptb import monitor
 from ptb import onednn
 from ptb.errors import warn
+from ptb.errors import write_failure
 
 
 class Summary(object):
@@ -129,8 +130,10 @@ class Summary(object):
       monitor.write_json_atomic(self.path, self.fields)
     except OSError as e:
       # A summary is worth less than the run: it is written again next time.
-      warn("the summary %s could not be written (%s); it is written again "
-           "after the next epoch" % (self.path, e.strerror or e))
+      # The write is atomic: a failed one leaves the file as it was.
+      warn("the summary %s could not be written (%s); the file keeps its "
+           "last complete version, and the next epoch or checkpoint writes "
+           "it again" % (self.path, write_failure(e)))
 
 
 def _number(value):

@@ -136,6 +136,29 @@ class SummaryTest(unittest.TestCase):
         "process replaces it" % self.path])
     self.assertEqual(second.fields["epochs"], [])
 
+  def testAFailedWriteKeepsTheLastVersionAndSaysWhy(self):
+    summary, _ = self._process(0.0)
+    self._publish(summary, "running", 1.0)
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp_on_a_full_disk(**kwargs):
+      """A temporary file whose writes fail with ENOSPC (/dev/full's)."""
+      fd, path = real_mkstemp(**kwargs)
+      os.close(fd)
+      return os.open("/dev/full", os.O_WRONLY), path
+
+    with mock.patch.object(summary_lib.monitor.tempfile, "mkstemp",
+                           mkstemp_on_a_full_disk), \
+        mock.patch.object(summary_lib, "warn") as warn:
+      self._publish(summary, "finished", 1.0)
+    warn.assert_called_once_with(
+        "the summary %s could not be written (No space left on device); the "
+        "file keeps its last complete version, and the next epoch or "
+        "checkpoint writes it again" % self.path)
+    self.assertEqual(self._read()["status"], "running")
+    self.assertEqual(os.listdir(os.path.dirname(self.path)),
+                     ["summary.json"])
+
   def testNoPathWritesNothing(self):
     summary = summary_lib.Summary(None, [], "test", testing.TinyConfig(), [])
     summary.resume(1, 0)
