@@ -28,7 +28,6 @@ from ptb import tensorboard
 from ptb import testing
 from ptb.errors import UserError
 import ptb_word_lm
-import reader
 
 
 
@@ -335,26 +334,12 @@ def no_space_error(prefix):
       "space left on device\n\t [[{{node save/SaveV2}}]]" % prefix))
 
 
-class FailedWriteTest(tf.test.TestCase):
+class FailedWriteTest(testing.InProcessRunTest):
   """Writes that fail with ENOSPC, in this process: the reason, and the run.
 
   Saver.save is replaced by one that raises what TensorFlow raises on a
   full disk (its message's first line is "Graph execution error:").
   """
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    with tempfile.TemporaryDirectory() as tmp:
-      cls.data = reader.ptb_raw_data(
-          testing.make_structured_corpus(tmp, train_lines=300))[:3]
-
-  def setUp(self):
-    super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.save = os.path.join(tmp.name, "save")
-    self.summary = os.path.join(tmp.name, "summary.json")
 
   def run_with_full_disk(self, failing_saves, run_epoch=ptb_word_lm.run_epoch):
     """A run of 2 epochs whose first `failing_saves` saves fail with ENOSPC.

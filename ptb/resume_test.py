@@ -8,7 +8,6 @@ that the run catches, saving its checkpoint in the middle of epoch 1.
 import json
 import os
 import re
-import tempfile
 
 import tensorflow as tf
 
@@ -18,7 +17,6 @@ from ptb import testing
 from ptb import training
 from ptb.errors import UserError
 import ptb_word_lm
-import reader
 
 # The step of epoch 1 (of 67) after which the interrupted runs stop.
 STOP_STEP = 30
@@ -36,24 +34,14 @@ def config(overrides=""):
       "keep_prob=0.5,max_max_epoch=2", overrides])))
 
 
-class ResumeTest(tf.test.TestCase):
+class ResumeTest(testing.InProcessRunTest):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    with tempfile.TemporaryDirectory() as tmp:
-      cls.data = reader.ptb_raw_data(
-          testing.make_structured_corpus(tmp, train_lines=300))[:3]
     out, err, stop = testing.run_in_process(config(), cls.data)
     assert stop is None, err
     cls.reference = perplexity_lines(out)
-
-  def setUp(self):
-    super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.save = os.path.join(tmp.name, "save")
-    self.summary = os.path.join(tmp.name, "summary.json")
 
   def run_training(self, overrides="", run_epoch=ptb_word_lm.run_epoch):
     """A run on the test's save_path; returns (stdout, stderr, Stop)."""

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -19,6 +20,7 @@ from ptb import training
 from ptb.config import BASIC
 from ptb.errors import Stop
 import ptb_word_lm
+import reader
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(HERE, "ptb_word_lm.py")
@@ -133,6 +135,30 @@ def run_in_process(config, data, run_epoch=ptb_word_lm.run_epoch,
     except Stop as e:
       stop = e
   return out.getvalue(), err.getvalue(), stop
+
+
+class InProcessRunTest(tf.test.TestCase):
+  """Tests of runs in their own process (run_in_process), on a small corpus.
+
+  Attributes:
+    data: (train_ids, valid_ids, test_ids) of a make_structured_corpus of
+      300 lines: 67 training steps an epoch with --model=test.
+    save, summary: a --save_path and a --summary_json of the test's own.
+  """
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    with tempfile.TemporaryDirectory() as tmp:
+      cls.data = reader.ptb_raw_data(
+          make_structured_corpus(tmp, train_lines=300))[:3]
+
+  def setUp(self):
+    super().setUp()
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    self.save = os.path.join(tmp.name, "save")
+    self.summary = os.path.join(tmp.name, "summary.json")
 
 
 def interrupting(step, signum=signal.SIGTERM):
