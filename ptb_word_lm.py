@@ -535,7 +535,8 @@ def main(_):
       (config.num_steps, config.num_steps, 1))
   # Once the input is known to be good: a refused run writes nothing.
   outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
-  # So is a checkpoint that this config cannot continue.
+  # A checkpoint that this config cannot continue is refused here, before
+  # anything is written.
   options["resume"] = training.find_resume(FLAGS.save_path, config, devices,
                                            cluster)
   options["sampler"] = sampler = training.start_sampler(

@@ -229,9 +229,9 @@ class Checkpointer(object):
       if theirs != here and _kind(name) not in skipped:
         raise UserError(
             "--save_path=%s holds a checkpoint of another configuration: %s "
-            "is %s there and %s here (hidden_size, num_layers, vocab_size, "
-            "batch_size, num_steps and the number of towers must match); use "
-            "another --save_path" % (
+            "is %s there and %s here (hidden_size, num_layers and vocab_size "
+            "must match, and in the middle of an epoch batch_size and the "
+            "number of towers); use another --save_path" % (
                 self._save_path, name,
                 "absent" if theirs is None else theirs,
                 "absent" if here is None else here))

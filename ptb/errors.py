@@ -30,6 +30,9 @@ def warn(message):
 # The operating system's texts for its errors ("No space left on device").
 _STRERRORS = sorted({os.strerror(code) for code in errno.errorcode}, key=len,
                     reverse=True)
+# The lines of an OpError's message around the op's own error text.
+_OP_ERROR_FRAME = ("Graph execution error", "Detected at node", "File ",
+                   "Node:", "[[", "Hint:")
 
 
 def write_failure(error, directory=None):
@@ -59,10 +62,6 @@ def write_failure(error, directory=None):
            if l.strip() and not l.strip().startswith(_OP_ERROR_FRAME)]
   return probe_failure or (lines or [type(error).__name__])[0]
 
-
-# The lines of an OpError's message around the op's own error text.
-_OP_ERROR_FRAME = ("Graph execution error", "Detected at node", "File ",
-                   "Node:", "[[", "Hint:")
 
 
 def _probe_write(directory):

@@ -138,11 +138,11 @@ def run_in_process(config, data, run_epoch=ptb_word_lm.run_epoch,
 
 
 class InProcessRunTest(tf.test.TestCase):
-  """Tests of runs in their own process (run_in_process), on a small corpus.
+  """Tests whose runs train in the test's process (run_in_process).
 
   Attributes:
     data: (train_ids, valid_ids, test_ids) of a make_structured_corpus of
-      300 lines: 67 training steps an epoch with --model=test.
+      300 lines: 67 training steps an epoch with learning_config().
     save, summary: a --save_path and a --summary_json of the test's own.
   """
 
