@@ -65,7 +65,7 @@ def write_failure(error, directory=None):
 
 
 def _probe_write(directory):
-  """The errno text of a failed write of a small file in `directory`, or None."""
+  """The errno text of a failed write of a file in `directory`, or None."""
   try:
     with tempfile.TemporaryFile(dir=directory) as f:
       f.write(b"\0" * 65536)

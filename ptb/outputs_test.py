@@ -434,7 +434,8 @@ class FailedWriteTest(testing.InProcessRunTest):
     writer.add(1, {"Learning Rate": 1.0})
     writer.close()
     # Every write to /dev/full fails with ENOSPC, as on a full disk.
-    writer._writer = tf.io.TFRecordWriter("/dev/full")  # pylint: disable=protected-access
+    full = tf.io.TFRecordWriter("/dev/full")
+    writer._writer = full  # pylint: disable=protected-access
     with mock.patch.object(tensorboard, "warn") as warn:
       writer.add(2, {"Learning Rate": 0.5})
       writer.add(3, {"Learning Rate": 0.25})
