@@ -535,6 +535,10 @@ def main(_):
       (config.num_steps, config.num_steps, 1))
   # Once the input is known to be good: a refused run writes nothing.
   outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
+  # A checkpoint that this config cannot continue is refused here, before
+  # anything is written.
+  options["resume"] = training.find_resume(FLAGS.save_path, config, devices,
+                                           cluster)
   options["sampler"] = sampler = training.start_sampler(
       FLAGS.memory_log, FLAGS.memory_interval, devices, FLAGS.save_path)
   try:

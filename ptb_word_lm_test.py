@@ -1,5 +1,6 @@
 """Tests of the model, the training step and the command line of ptb_word_lm.py."""
 
+import contextlib
 import copy
 import json
 import os
@@ -19,15 +20,18 @@ from ptb import lstm_backward
 from ptb import monitor
 from ptb import training
 from ptb import wavefront
+from ptb.errors import UserError
 from ptb.testing import HERE
 from ptb.testing import LEARNED_TEST_PERPLEXITY
 from ptb.testing import LEARNING_OVERRIDES
 from ptb.testing import TinyConfig
 from ptb.testing import assert_user_error
 from ptb.testing import build_tiny_model
+from ptb.testing import learning_config
 from ptb.testing import make_corpus
 from ptb.testing import make_structured_corpus
 from ptb.testing import reference_lstm
+from ptb.testing import run_options
 from ptb.testing import run_script
 from ptb.testing import unigram_perplexity
 import ptb_word_lm
@@ -140,13 +144,6 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
       train.assign_lr(session, training.epoch_learning_rate(config, i))
       ptb_word_lm.run_epoch(session, train, eval_op=train.train_op)
   return graph, session, models
-
-
-def learning_config():
-  """--model=test with LEARNING_OVERRIDES, in BASIC."""
-  config = ptb_word_lm.get_config("test", "basic")
-  config_lib.apply_overrides(config, LEARNING_OVERRIDES)
-  return config
 
 
 class StructuredCorpusTest(tf.test.TestCase):
@@ -545,12 +542,8 @@ class LibraryPagesTest(tf.test.TestCase):
     run = None
     with mock.patch.object(monitor, "release_library_pages", release):
       run = training.TrainingRun(
-          config, eval_config, data, ["/cpu:0"],
-          {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
-           "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
-           "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
-           "cluster": None, "cluster_timeout": 60.0, "summary": {},
-           "sampler": None}, ptb_word_lm.build_models, ptb_word_lm.run_epoch)
+          config, eval_config, data, ["/cpu:0"], run_options(eval_unroll=4),
+          ptb_word_lm.build_models, ptb_word_lm.run_epoch)
       run.run()
     self.assertEqual([(c["phase"], c["epoch"], c["step"]) for c in calls],
                      [("startup", 0, 0), ("train", 1, 0), ("valid", 1, 0),
@@ -586,12 +579,8 @@ class LearningRateScheduleTest(tf.test.TestCase):
       return result
 
     training.TrainingRun(
-        config, eval_config, data, ["/cpu:0"],
-        {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
-         "inter_op_threads": 0, "eval_unroll": 4, "seed": 1,
-         "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
-         "cluster": None, "cluster_timeout": 60.0, "summary": {},
-         "sampler": None}, ptb_word_lm.build_models, run_epoch).run()
+        config, eval_config, data, ["/cpu:0"], run_options(eval_unroll=4),
+        ptb_word_lm.build_models, run_epoch).run()
     self.assertAllClose(np.array(moved) / config.max_grad_norm,
                         [1.0, 1.0, 0.5, 0.25, 0.125], rtol=1e-3)
 
@@ -689,7 +678,7 @@ class ErrorTest(tf.test.TestCase):
                          "unknown field 'max_epochs'.*max_epoch", code=2)
     self.assertUserError(["--data_path=/x", "--num_gpus=0",
                           "--config_overrides=num_layers=two"],
-                         "num_layers=two is not a valid int", code=2)
+                         "num_layers=two must be a whole number", code=2)
     self.assertUserError(["--data_path=/x", "--num_gpus=0",
                           "--config_overrides=keep_prob=0"],
                          "keep_prob=0.0 must be in", code=2)
@@ -712,6 +701,44 @@ class ConfigTest(tf.test.TestCase):
                                "keep_prob": 0.5, "rnn_mode": "basic"})
     self.assertEqual((config.max_epoch, config.max_max_epoch), (1, 2))
     self.assertIsInstance(config.max_epoch, int)
+
+  def _resolved(self, overrides=None, **class_edits):
+    """TestConfig, its class edited in place by `class_edits`, resolved."""
+    edited = (mock.patch.multiple(ptb_word_lm.TestConfig, **class_edits)
+              if class_edits else contextlib.nullcontext())
+    with edited:
+      return config_lib.resolve_config(ptb_word_lm.get_config("test"), 0,
+                                       overrides)
+
+  def testRatesTakeIntsAndFloatsAndStayFloats(self):
+    # max_grad_norm = 1 and keep_prob = 1.0 stand in the class.
+    for overrides, edits, want in (
+        ("max_grad_norm=2.5", {}, 2.5), ("max_grad_norm=3", {}, 3.0),
+        (None, {"max_grad_norm": 2.5}, 2.5), (None, {"max_grad_norm": 3}, 3.0),
+        ("keep_prob=1", {}, 1.0), (None, {"keep_prob": 1}, 1.0)):
+      config = self._resolved(overrides, **edits)
+      name = (overrides or next(iter(edits))).split("=")[0]
+      value = getattr(config, name)
+      self.assertEqual(value, want, msg=(overrides, edits))
+      self.assertIsInstance(value, float, msg=(overrides, edits))
+
+  def testSizesTakeWholeNumbersOnly(self):
+    self.assertEqual(self._resolved("num_steps=7").num_steps, 7)
+    self.assertEqual(self._resolved(num_steps=7).num_steps, 7)
+    for overrides, edits, pattern in (
+        ("num_steps=2.5", {}, r"^--config_overrides: num_steps=2\.5 must be a "
+         r"whole number \(a size or a count\)$"),
+        ("hidden_size=1e3", {}, r"^--config_overrides: hidden_size=1e3 must "
+         r"be a whole number"),
+        (None, {"num_steps": 2.5}, r"^config num_steps=2\.5 must be a whole "
+         r"number \(a size or a count\)$"),
+        (None, {"batch_size": 20.0}, r"^config batch_size=20\.0 must be a "
+         r"whole number"),
+        ("learning_rate=fast", {}, r"^--config_overrides: learning_rate=fast "
+         r"must be a number$")):
+      with self.assertRaisesRegex(UserError, pattern) as e:
+        self._resolved(overrides, **edits)
+      self.assertEqual(e.exception.exit_code, 2)
 
   def testSpecValues(self):
     expected = {

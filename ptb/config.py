@@ -1,5 +1,7 @@
 """The rnn modes, --config_overrides and the checks of a config's values."""
 
+import numbers
+
 from absl import logging
 import numpy as np
 
@@ -38,20 +40,24 @@ def apply_overrides(config, overrides):
     if not sep or name not in fields:
       raise UserError("--config_overrides: unknown field %r in %r; fields are "
                       "%s" % (name, item, ", ".join(fields)), exit_code=2)
-    old = fields[name]
-    try:
-      if name == "rnn_mode":
-        value = parse_rnn_mode(text, "--config_overrides rnn_mode")
-      elif isinstance(old, int):
-        value = int(text)
-      else:
-        value = float(text)
-    except ValueError:
-      raise UserError("--config_overrides: %s=%s is not a valid %s"
-                      % (name, text, type(old).__name__), exit_code=2) from None
+    if name == "rnn_mode":
+      value = parse_rnn_mode(text, "--config_overrides rnn_mode")
+    else:
+      value = field_value(name, _number(text),
+                          "--config_overrides: %s=%s" % (name, text))
     setattr(config, name, value)
     changed[name] = value
   return changed
+
+
+def _number(text):
+  """The int or float that `text` writes, or `text` if it writes neither."""
+  for parse in (int, float):
+    try:
+      return parse(text)
+    except ValueError:
+      pass
+  return text
 
 
 # Upper bounds that no machine of today trains within a lifetime: a value
@@ -59,6 +65,37 @@ def apply_overrides(config, overrides):
 _MAX_INTS = {"num_layers": 1000, "num_steps": 100000, "hidden_size": 100000,
              "max_epoch": 1000000, "max_max_epoch": 1000000,
              "batch_size": 1000000, "vocab_size": 100000000}
+
+# Sizes and counts: whole numbers.
+INT_FIELDS = tuple(_MAX_INTS)
+# Rates, norms, scales and probabilities: any number, kept as a float, so
+# that `keep_prob = 1` in a class means what `keep_prob = 1.0` means.
+FLOAT_FIELDS = ("init_scale", "learning_rate", "max_grad_norm", "lr_decay",
+                "keep_prob")
+
+
+def field_value(name, value, shown):
+  """`value` as field `name` takes it: an int or a float by its meaning.
+
+  Args:
+    name: the config field.
+    value: a number from an override or a class (any other type is refused).
+    shown: the field and value as the error message names them, with where
+      they come from.
+
+  Raises:
+    UserError: a size or count that is not a whole number, or a rate,
+      norm, scale or probability that is not a number.
+  """
+  number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+  if name in INT_FIELDS:
+    if not (number and isinstance(value, numbers.Integral)):
+      raise UserError("%s must be a whole number (a size or a count)"
+                      % shown, exit_code=2)
+    return int(value)
+  if not number:
+    raise UserError("%s must be a number" % shown, exit_code=2)
+  return float(value) if name in FLOAT_FIELDS else value
 
 
 def new_config(configs, model, rnn_mode=None):
@@ -81,16 +118,24 @@ def new_config(configs, model, rnn_mode=None):
 
 
 def validate_config(config):
-  """Refuses values that cannot train, with the field named."""
+  """Refuses values that cannot train, with the field named.
+
+  A class edited in place is held to the kinds of field_value: its sizes
+  and counts must be whole numbers, and its other numbers become floats.
+  """
+  for name in INT_FIELDS + FLOAT_FIELDS:
+    value = getattr(config, name)
+    setattr(config, name,
+            field_value(name, value, "config %s=%r" % (name, value)))
   for name, limit in _MAX_INTS.items():
     value = getattr(config, name)
-    if not isinstance(value, int) or value <= 0:
+    if value <= 0:
       raise UserError("config %s=%r must be a positive integer"
                       % (name, value), exit_code=2)
     if value > limit:
       raise UserError("config %s=%d is absurdly large (more than %d)"
                       % (name, value, limit), exit_code=2)
-  for name in ("init_scale", "learning_rate", "max_grad_norm", "lr_decay"):
+  for name in FLOAT_FIELDS[:-1]:  # all but keep_prob
     value = getattr(config, name)
     if not value > 0 or not np.isfinite(value):
       raise UserError("config %s=%r must be a positive number"

@@ -1,7 +1,9 @@
 """The errors that end a run with one line and an exit code, and warnings."""
 
+import errno
 import os
 import sys
+import tempfile
 
 
 class Stop(Exception):
@@ -23,6 +25,55 @@ def warn(message):
   """One warning line on stderr, named like the run's error lines."""
   print("%s: warning: %s" % (os.path.basename(sys.argv[0]), message),
         file=sys.stderr, flush=True)
+
+
+# The operating system's texts for its errors ("No space left on device").
+_STRERRORS = sorted({os.strerror(code) for code in errno.errorcode}, key=len,
+                    reverse=True)
+# The lines of an OpError's message around the op's own error text.
+_OP_ERROR_FRAME = ("Graph execution error", "Detected at node", "File ",
+                   "Node:", "[[", "Hint:")
+
+
+def write_failure(error, directory=None):
+  """Why a write failed, in the operating system's words where it has them.
+
+  An OSError gives its errno text. TensorFlow's OpError wraps the OS error
+  in its message, below a first line that may be only "Graph execution
+  error:" (as "path; No space left on device"): the errno text is taken
+  from there. Without one, a probe file written in `directory` gives the
+  errno of a write there now, if it fails.
+
+  Args:
+    error: the exception of the failed write.
+    directory: where the write went, for the probe.
+
+  Returns:
+    The reason, one line.
+  """
+  if isinstance(error, OSError) and error.strerror:
+    return error.strerror
+  text = getattr(error, "message", None) or str(error)
+  for strerror in _STRERRORS:  # the longest first: none hides another
+    if strerror in text:
+      return strerror
+  probe_failure = _probe_write(directory) if directory else None
+  lines = [l.strip() for l in text.splitlines()
+           if l.strip() and not l.strip().startswith(_OP_ERROR_FRAME)]
+  return probe_failure or (lines or [type(error).__name__])[0]
+
+
+
+def _probe_write(directory):
+  """The errno text of a failed write of a file in `directory`, or None."""
+  try:
+    with tempfile.TemporaryFile(dir=directory) as f:
+      f.write(b"\0" * 65536)
+      f.flush()
+      os.fsync(f.fileno())
+  except OSError as e:
+    return e.strerror or str(e)
+  return None
 
 
 def run_main(main_fn, graph_mode=True):

@@ -24,6 +24,7 @@ import threading
 import time
 
 from ptb.errors import warn
+from ptb.errors import write_failure
 
 _MIB = 1024.0 * 1024.0
 
@@ -447,8 +448,9 @@ class MemorySampler:
         self._file.flush()
       except OSError as e:
         # The log is worth less than the run: it stops, the training goes on.
-        warn("the memory log %s can no longer be written (%s); it stops "
-             "here, the training goes on" % (self._path, e.strerror or e))
+        warn("the memory log %s can no longer be written (%s); it keeps "
+             "the rows written before and stops there, the training goes on"
+             % (self._path, write_failure(e)))
         try:
           self._file.close()
         except OSError:

@@ -507,6 +507,19 @@ class MemorySamplerTest(unittest.TestCase):
     _, rows = _read_csv(self._path)
     self.assertEqual([r[2:] for r in rows], [["startup", "0", "0"]] * 2)
 
+  def testAFullDiskStopsTheLogWithTheReason(self):
+    # Every write to /dev/full fails with ENOSPC, as on a full disk.
+    sampler = monitor.MemorySampler("/dev/full", interval=self.HOUR,
+                                    clock=FakeClock(), wait=_no_interval_rows)
+    with mock.patch.object(monitor, "warn") as warn:
+      sampler.start()
+      sampler.set_phase("train", 1, 0)
+      self._stop_promptly(sampler)
+    warn.assert_called_once_with(
+        "the memory log /dev/full can no longer be written (No space left on "
+        "device); it keeps the rows written before and stops there, the "
+        "training goes on")
+
   def testRejectsBadArguments(self):
     for interval in (0, -1.0):
       with self.assertRaises(ValueError):

@@ -93,8 +93,13 @@ class SavePathLock(object):
           "--save_path=%s is in use by another run (process %s); wait for "
           "it to end, or use another --save_path"
           % (os.path.dirname(self._path), holder)) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, b"%d\n" % os.getpid())
+    try:
+      os.ftruncate(fd, 0)
+      os.write(fd, b"%d\n" % os.getpid())
+    except OSError as e:  # a full disk
+      os.close(fd)
+      raise UserError("--save_path=%s cannot be written: %s"
+                      % (os.path.dirname(self._path), e.strerror)) from None
     self._fd = fd
     return self
 

@@ -4,7 +4,9 @@ damaged checkpoints skipped, one run per save_path, flag ranges.
 Real processes of ptb_word_lm.py, real files and real signals.
 """
 
+import errno
 import hashlib
+import json
 import os
 import re
 import resource
@@ -14,12 +16,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from unittest import mock
 
 import tensorflow as tf
 
+from ptb import checkpoint
 from ptb import config as config_lib
+from ptb import errors
+from ptb import outputs
+from ptb import tensorboard
 from ptb import testing
 from ptb.errors import UserError
+import ptb_word_lm
 
 
 
@@ -153,28 +161,39 @@ class OutputsTest(tf.test.TestCase):
     warnings = [l for l in err.splitlines() if "warning:" in l]
     self.assertLen(warnings, 1, err)
     self.assertRegex(warnings[0], r"ptb_word_lm\.py: warning: the memory log "
-                     r".*m\.csv can no longer be written \(.*\); it stops "
-                     r"here, the training goes on")
+                     r".*m\.csv can no longer be written \(File too large\); "
+                     r"it keeps the rows written before and stops there, the "
+                     r"training goes on")
     self.assertNotIn("Traceback", err)
 
-  def testCheckpointThatCannotBeSavedStopsWithTheLastGoodOne(self):
+  def testCheckpointsThatCannotBeSavedCostNothingElse(self):
     save = os.path.join(self.tmp, "save")
     code, _, err = self.run_script(*self.args("max_max_epoch=1",
                                               "--save_path=" + save))
     self.assertEqual(code, 0, err)
     good = tf.train.latest_checkpoint(save)
     before = checksums(save)
-    # The disk is "full" for the next checkpoint: no file may grow past half
+    # The disk is "full" for the next checkpoints: no file may grow past half
     # of a checkpoint's data file, the first file a save writes.
     limit = os.path.getsize(good + ".data-00000-of-00001") // 2
     code, out, err = self.run_script(
-        *self.args("max_max_epoch=2", "--save_path=" + save),
+        *self.args("max_max_epoch=3", "--save_path=" + save),
         preexec_fn=limit_file_size(limit))
+    # The run trains and tests to the end, and its status says it is not
+    # saved.
     self.assertEqual(code, 1, out + err)
+    self.assertIn("Epoch: 3 Valid Perplexity", out)
+    self.assertIn("Test Perplexity", out)
     self.assertNotIn("Traceback", err)
-    self.assertRegex(err, r"ptb_word_lm\.py: error: saving a checkpoint to "
-                     r".*save failed \(.*\); the last good checkpoint is "
-                     r"%s" % re.escape(good))
+    failed = (r"saving a checkpoint to .*save failed \(File too large\); the "
+              r"last good checkpoint is %s" % re.escape(good))
+    warnings = [l for l in err.splitlines() if "warning:" in l]
+    self.assertLen(warnings, 2, err)   # after epochs 2 and 3
+    for line in warnings:
+      self.assertRegex(line, r"^ptb_word_lm\.py: warning: %s; the training "
+                       r"goes on, and the next save tries again$" % failed)
+    self.assertRegex(err, r"\nptb_word_lm\.py: error: the run is finished, "
+                     r"but its end is not saved: %s\n$" % failed)
     # The good checkpoint is intact and still the one a run resumes from.
     after = checksums(save)
     for name in before:
@@ -304,6 +323,127 @@ class OutputsTest(tf.test.TestCase):
                      r"run cannot be resumed; add --save_path=DIR to make "
                      r"the next run resumable\)")
     self.assertNotIn("run the same command to resume", err)
+
+
+def no_space_error(prefix):
+  """The error Saver.save raises on a full disk, as TensorFlow words it."""
+  return tf.errors.ResourceExhaustedError(None, None, (
+      "Graph execution error:\n\nDetected at node 'save/SaveV2' defined at "
+      "(most recent call last):\n    File \"ptb_word_lm.py\", line 1, in "
+      "<module>\nNode: 'save/SaveV2'\n%s.data-00000-of-00001.tempstate1; No "
+      "space left on device\n\t [[{{node save/SaveV2}}]]" % prefix))
+
+
+class FailedWriteTest(testing.InProcessRunTest):
+  """Writes that fail with ENOSPC, in this process: the reason, and the run.
+
+  Saver.save is replaced by one that raises what TensorFlow raises on a
+  full disk (its message's first line is "Graph execution error:").
+  """
+
+  def run_with_full_disk(self, failing_saves, run_epoch=ptb_word_lm.run_epoch):
+    """A run of 2 epochs whose first `failing_saves` saves fail with ENOSPC.
+
+    Returns:
+      (stdout, stderr's lines, the Stop that ended the run or None).
+    """
+    real_save = tf.compat.v1.train.Saver.save
+    calls = []
+
+    def save(saver, session, prefix, **kwargs):
+      calls.append(prefix)
+      if len(calls) <= failing_saves:
+        # What a save cut short by a full disk leaves.
+        for left in (prefix + ".data-00000-of-00001.tempstate1",
+                     os.path.join(self.save, "checkpoint.tmp2")):
+          open(left, "w").close()
+        raise no_space_error(prefix)
+      return real_save(saver, session, prefix, **kwargs)
+
+    with mock.patch.object(tf.compat.v1.train.Saver, "save", autospec=True,
+                           side_effect=save):
+      out, err, stop = testing.run_in_process(
+          testing.learning_config("max_max_epoch=2"), self.data, run_epoch,
+          save_path=self.save, summary_json=self.summary)
+    return out, err.splitlines(), stop
+
+  def testAFullDiskCostsTheCheckpointsOnly(self):
+    out, warnings, stop = self.run_with_full_disk(failing_saves=3)
+    failed = ("saving a checkpoint to %s failed (No space left on device); "
+              "the last good checkpoint is none: nothing was saved"
+              % self.save)
+    self.assertEqual([w.partition(": warning: ")[2] for w in warnings],
+                     ["%s; the training goes on, and the next save tries "
+                      "again" % failed] * 2)   # after epochs 1 and 2
+    self.assertIn("Epoch: 2 Valid Perplexity", out)
+    self.assertIn("Test Perplexity", out)
+    self.assertIsInstance(stop, UserError)
+    self.assertEqual(stop.exit_code, 1)
+    self.assertEqual(str(stop), "the run is finished, but its end is not "
+                     "saved: " + failed)
+    with open(self.summary) as f:
+      summary = json.load(f)
+    self.assertEqual(summary["status"], "finished")
+    self.assertIsNotNone(summary["test_perplexity"])
+    # The failed saves' temporary files, which fill a full disk, are gone.
+    self.assertEqual([n for n in os.listdir(self.save) if ".tempstate" in n
+                      or n.startswith("checkpoint.tmp")], [])
+
+  def testTheNextSaveTriesAgain(self):
+    out, warnings, stop = self.run_with_full_disk(failing_saves=1)
+    self.assertIsNone(stop)
+    self.assertLen(warnings, 1)
+    self.assertIn("(No space left on device); the last good checkpoint is "
+                  "none: nothing was saved; the training goes on",
+                  warnings[0])
+    self.assertIn("Saving model to %s." % self.save, out)
+    self.assertEqual(checkpoint.read_progress(
+        tf.train.latest_checkpoint(self.save))[:2], (2, 0))
+
+  def testAnInterruptWhoseSaveFailsSaysWhatIsLeft(self):
+    _, warnings, stop = self.run_with_full_disk(
+        failing_saves=1, run_epoch=testing.interrupting(30))
+    self.assertEqual(warnings, [])
+    self.assertEqual(stop.exit_code, 143)
+    self.assertEqual(
+        str(stop), "interrupted by SIGTERM in the train pass of epoch 1 at "
+        "step 30 (saving a checkpoint to %s failed (No space left on device); "
+        "the last good checkpoint is none: nothing was saved)" % self.save)
+
+  def testTheReasonOfAnErrorThatDoesNotGiveIt(self):
+    # Without the errno text in the message, a probe write finds it.
+    bare = tf.errors.UnknownError(None, None, "Graph execution error:\n\n")
+    with mock.patch.object(errors.tempfile, "TemporaryFile", side_effect=(
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))):
+      self.assertEqual(errors.write_failure(bare, self.save),
+                       "No space left on device")
+    self.assertEqual(errors.write_failure(no_space_error("x")),
+                     "No space left on device")
+
+  def testAFullDiskAtTheStartIsAUserError(self):
+    with mock.patch.object(outputs.os, "write", side_effect=OSError(
+        errno.ENOSPC, os.strerror(errno.ENOSPC))):
+      with self.assertRaisesRegex(UserError, r"^--save_path=%s cannot be "
+                                  r"written: No space left on device$"
+                                  % re.escape(self.save)):
+        outputs.SavePathLock(self.save).acquire()
+
+  def testTensorBoardScalarsStopWithTheReason(self):
+    os.mkdir(self.save)
+    writer = tensorboard.ScalarWriter(self.save)
+    writer.add(1, {"Learning Rate": 1.0})
+    writer.close()
+    # Every write to /dev/full fails with ENOSPC, as on a full disk.
+    full = tf.io.TFRecordWriter("/dev/full")
+    writer._writer = full  # pylint: disable=protected-access
+    with mock.patch.object(tensorboard, "warn") as warn:
+      writer.add(2, {"Learning Rate": 0.5})
+      writer.add(3, {"Learning Rate": 0.25})
+      writer.close()
+    warn.assert_called_once_with(
+        "the TensorBoard scalars %s can no longer be written (No space left "
+        "on device); the file keeps the epochs written before, and the "
+        "training goes on" % writer.path)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from ptb import config as config_lib
 from ptb import monitor
 from ptb import onednn
 from ptb.errors import warn
+from ptb.errors import write_failure
 
 
 class Summary(object):
@@ -57,17 +58,23 @@ class Summary(object):
     """Appends one finished epoch's record (a dict with its "epoch")."""
     self.fields["epochs"].append(record)
 
-  def resume(self, epochs_done, step):
+  def resume(self, epochs_done, step, config_changes=None):
     """Carries the run's earlier summary into this one, on resume.
 
     Keeps the earlier file's records of epochs 1 to `epochs_done`, its
-    resumes, its wall time and its peak RSS. A file that cannot be read, or
-    is of another model, is replaced, with a warning.
+    resumes, its wall time and its peak RSS, and records this resume. A
+    file that cannot be read, or is of another model, is replaced, with a
+    warning.
 
     Args:
       epochs_done: epochs the restored checkpoint has finished.
       step: training steps it has done in the epoch after them.
+      config_changes: {field: {"from": value, "to": value}} from the
+        checkpoint's config to this run's; None where it records none.
     """
+    this = {"epoch": epochs_done + 1, "step": step, "wall_seconds": 0.0,
+            "config_changes": config_changes}
+    self.fields["resumes"] = [this]
     earlier = self._read_earlier()
     if earlier is None:
       return
@@ -79,10 +86,9 @@ class Summary(object):
            "resume; the others stay missing from it"
            % (self.path, len(epochs), epochs_done))
     self.fields["epochs"] = epochs
+    this["wall_seconds"] = _number(earlier.get("wall_seconds"))
     self.fields["resumes"] = [
-        r for r in earlier.get("resumes") or () if isinstance(r, dict)] + [{
-        "epoch": epochs_done + 1, "step": step,
-        "wall_seconds": _number(earlier.get("wall_seconds"))}]
+        r for r in earlier.get("resumes") or () if isinstance(r, dict)] + [this]
     self.fields["peak_rss_mib"] = _number(earlier.get("peak_rss_mib"))
 
   def _read_earlier(self):
@@ -124,8 +130,10 @@ class Summary(object):
       monitor.write_json_atomic(self.path, self.fields)
     except OSError as e:
       # A summary is worth less than the run: it is written again next time.
-      warn("the summary %s could not be written (%s); it is written again "
-           "after the next epoch" % (self.path, e.strerror or e))
+      # The write is atomic: a failed one leaves the file as it was.
+      warn("the summary %s could not be written (%s); the file keeps its "
+           "last complete version, and the next epoch or checkpoint writes "
+           "it again" % (self.path, write_failure(e)))
 
 
 def _number(value):

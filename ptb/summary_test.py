@@ -63,28 +63,32 @@ class SummaryTest(unittest.TestCase):
     # The checkpoint had finished two epochs and 40 steps of the third:
     # epoch 3 of the killed process is not carried, it is trained again.
     second, clock = self._process(5000.0)
-    second.resume(2, 40)
+    second.resume(2, 40, {"learning_rate": {"from": 1.0, "to": 0.5}})
     second.add_epoch(dict(_epoch(3), valid_perplexity=1.5))
     clock.advance(20.0)
     self._publish(second, "interrupted", 500.0)
     fields = self._read()
     self.assertEqual(fields["epochs"], [_epoch(1), _epoch(2),
                                         dict(_epoch(3), valid_perplexity=1.5)])
+    lower_rate = {"learning_rate": {"from": 1.0, "to": 0.5}}
     self.assertEqual(fields["resumes"],
-                     [{"epoch": 3, "step": 40, "wall_seconds": 100.0}])
+                     [{"epoch": 3, "step": 40, "wall_seconds": 100.0,
+                       "config_changes": lower_rate}])
     self.assertEqual(fields["wall_seconds"], 120.0)
     self.assertEqual(fields["peak_rss_mib"], 900.0)   # the first process's
 
     third, clock = self._process(9000.0)
-    third.resume(3, 0)
+    third.resume(3, 0, {})
     third.fields["test_perplexity"] = 2.0
     clock.advance(5.0)
     self._publish(third, "finished", 950.0)
     fields = self._read()
     self.assertEqual([e["epoch"] for e in fields["epochs"]], [1, 2, 3])
     self.assertEqual(fields["resumes"],
-                     [{"epoch": 3, "step": 40, "wall_seconds": 100.0},
-                      {"epoch": 4, "step": 0, "wall_seconds": 120.0}])
+                     [{"epoch": 3, "step": 40, "wall_seconds": 100.0,
+                       "config_changes": lower_rate},
+                      {"epoch": 4, "step": 0, "wall_seconds": 120.0,
+                       "config_changes": {}}])
     self.assertEqual(fields["wall_seconds"], 125.0)
     self.assertEqual(fields["peak_rss_mib"], 950.0)
     self.assertEqual((fields["status"], fields["test_perplexity"]),
@@ -120,8 +124,10 @@ class SummaryTest(unittest.TestCase):
     self.assertRegex(warnings[0],
                      r"^the summary .* cannot be read \(.*\); this process "
                      r"writes a new one, without the epochs before the resume$")
+    # This resume is recorded, without the earlier processes' time.
     self.assertEqual((second.fields["epochs"], second.fields["resumes"]),
-                     ([], []))
+                     ([], [{"epoch": 3, "step": 0, "wall_seconds": 0.0,
+                            "config_changes": None}]))
 
     self._write_earlier([1], model="small")
     second, warnings = self._resume(1)
@@ -129,6 +135,29 @@ class SummaryTest(unittest.TestCase):
         "the summary %s is not of a test run (it has model 'small'); this "
         "process replaces it" % self.path])
     self.assertEqual(second.fields["epochs"], [])
+
+  def testAFailedWriteKeepsTheLastVersionAndSaysWhy(self):
+    summary, _ = self._process(0.0)
+    self._publish(summary, "running", 1.0)
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp_on_a_full_disk(**kwargs):
+      """A temporary file whose writes fail with ENOSPC (/dev/full's)."""
+      fd, path = real_mkstemp(**kwargs)
+      os.close(fd)
+      return os.open("/dev/full", os.O_WRONLY), path
+
+    with mock.patch.object(summary_lib.monitor.tempfile, "mkstemp",
+                           mkstemp_on_a_full_disk), \
+        mock.patch.object(summary_lib, "warn") as warn:
+      self._publish(summary, "finished", 1.0)
+    warn.assert_called_once_with(
+        "the summary %s could not be written (No space left on device); the "
+        "file keeps its last complete version, and the next epoch or "
+        "checkpoint writes it again" % self.path)
+    self.assertEqual(self._read()["status"], "running")
+    self.assertEqual(os.listdir(os.path.dirname(self.path)),
+                     ["summary.json"])
 
   def testNoPathWritesNothing(self):
     summary = summary_lib.Summary(None, [], "test", testing.TinyConfig(), [])

@@ -15,9 +15,12 @@ from ptb import cluster as cluster_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import monitor
+from ptb import resume as resume_lib
 from ptb import summary as summary_lib
+from ptb import tensorboard
 from ptb.checkpoint import Checkpointer
 from ptb.checkpoint import Progress
+from ptb.checkpoint import SaveFailed
 from ptb.errors import Stop
 from ptb.errors import UserError
 from ptb.errors import warn
@@ -37,6 +40,25 @@ def start_sampler(path, interval, devices, save_path=None):
       gpu_names=gpus, append=bool(checkpoint_lib.candidates(save_path)))
   sampler.start()
   return sampler
+
+
+def run_record(config, devices, cluster):
+  """What the run's checkpoints record of it (resume.record)."""
+  workers = len(cluster.worker_hosts) if cluster else 1
+  return resume_lib.record(config, len(devices), workers)
+
+
+def find_resume(save_path, config, devices, cluster):
+  """The checkpoint the run resumes from, as a resume.Resume; None if none.
+
+  Called before anything is written: a checkpoint that this config cannot
+  continue is refused here (resume.find). Only the chief of a cluster
+  restores; the other workers get None.
+  """
+  if not save_path or (cluster and not cluster_lib.is_chief(cluster)):
+    return None
+  return resume_lib.find(save_path, run_record(config, devices, cluster),
+                         restart_epoch=cluster is not None)
 
 
 def epoch_learning_rate(config, epoch):
@@ -97,6 +119,8 @@ class TrainingRun(object):
     self.run_epoch = run_epoch
     self.options = options
     self.save_path = options["save_path"]
+    self.resume = options.get("resume")
+    self.save_failure = None   # the last save's SaveFailed, if it failed
     self.sampler = options.get("sampler")
     self.summary = summary_lib.Summary(
         options.get("summary_json"), options.get("argv", ()),
@@ -118,7 +142,7 @@ class TrainingRun(object):
                             replica)
       self.m, self.mvalid, self.mtest = (models["train"], models["valid"],
                                          models["test"])
-      self.progress = Progress()
+      self.progress = Progress(run_record(config, devices, self.cluster))
       self.global_step = tf.compat.v1.train.get_global_step()
       self.weights_finite = tf.reduce_all([
           tf.reduce_all(tf.math.is_finite(v))
@@ -134,7 +158,8 @@ class TrainingRun(object):
         self.checkpointer = Checkpointer(
             self.save_path, tf.compat.v1.global_variables() +
             self.m.state_variables + [self.m.input.position],
-            optional=dropout.SEED_VARIABLES)
+            optional=dropout.SEED_VARIABLES,
+            damaged=self.resume.damaged if self.resume else ())
 
   def _session(self):
     config = devices_lib.session_config(
@@ -151,25 +176,37 @@ class TrainingRun(object):
 
   def _initialize(self, session):
     """Initialises or restores; returns (epoch, step, costs) to start from."""
-    ckpt = self.checkpointer.latest(warn) if self.checkpointer else None
+    resume = self.resume
     if not self.chief:
       self._wait_for_chief(session)
-    elif ckpt:
-      # Restoring initialises the variables: other workers wait for exactly
-      # that, so they never see freshly initialised weights.
-      session.run(self.local_init)
-      self.checkpointer.restore(session, ckpt, warn)
-    else:
+      # A cluster saves only at an epoch's end.
+      return self.progress.get(session)[0], 0, 0.0
+    if not resume:
       session.run([self.global_init, self.local_init])
-    start = self.progress.get(session) if (ckpt or not self.chief) else (
-        0, 0, 0.0)
-    if self.cluster:
-      start = (start[0], 0, 0.0)  # A cluster saves only at an epoch's end.
-    if ckpt:
-      print("Resuming from epoch %d step %d of %s"
-            % (start[0] + 1, start[1], self.save_path), flush=True)
-      self.summary.resume(*start[:2])
-    return start
+      return 0, 0, 0.0
+    # Restoring initialises the variables: other workers wait for exactly
+    # that, so they never see freshly initialised weights.
+    session.run(self.local_init)
+    self.checkpointer.restore(session, resume.ckpt, self._fresh(resume), warn)
+    print("Resuming from epoch %d step %d of %s"
+          % (resume.epoch + 1, resume.step, self.save_path), flush=True)
+    for line in resume.lines():
+      print(line, flush=True)
+    self.summary.resume(resume.epoch, resume.step, resume.summary_changes())
+    return resume.epoch, resume.step, resume.costs
+
+  def _fresh(self, resume):
+    """The variables that a restore leaves at their initial values.
+
+    The config recorded is always this run's. Unless the run continues an
+    epoch part-way, the training pass's LSTM state and data position start
+    at zero, as at any epoch's start (their checkpoint's may be of another
+    num_steps, batch_size or split of the rows).
+    """
+    fresh = [self.progress.config]
+    if not resume.mid_epoch:
+      fresh += self.m.state_variables + [self.m.input.position]
+    return fresh
 
   def _wait_for_chief(self, session):
     deadline = time.time() + self.options["cluster_timeout"]
@@ -186,18 +223,57 @@ class TrainingRun(object):
     session.run(self.local_init)
 
   def save(self, session, epoch, step, costs):
-    """Records the progress and writes a checkpoint; returns its path."""
+    """Records the progress and writes a checkpoint; returns its path.
+
+    Returns None if the checkpoint could not be written (save_failure
+    says why); the summary is written all the same.
+    """
     # A finite cost does not prove that the update after it was finite.
     if not session.run(self.weights_finite):
       raise UserError("training diverged in epoch %d: the weights are not "
                       "finite; the last good checkpoint in %s is kept"
                       % (self.where["epoch"], self.save_path))
     self.progress.set(session, epoch, step, costs)
-    path = self.checkpointer.save(session, self.global_step)
+    path = self._write_checkpoint(session)
     # The summary's wall time then reaches the checkpoint that a resume
     # continues from.
     self.summary.publish("running")
     return path
+
+  def _save_and_go_on(self, session, epoch, step, costs):
+    """Saves; a failed save costs nothing more than a warning.
+
+    The warning gives the reason and the last good checkpoint; the training
+    goes on, and the next save tries again.
+    """
+    if self.save(session, epoch, step, costs) is None:
+      warn("%s; the training goes on, and the next save tries again"
+           % self.save_failure)
+
+  def _write_checkpoint(self, session):
+    """Writes a checkpoint; returns its path, or None and sets save_failure."""
+    try:
+      path = self.checkpointer.save(session, self.global_step)
+    except SaveFailed as e:
+      self.save_failure = e
+      return None
+    self.save_failure = None
+    return path
+
+  def _check_saved(self):
+    """Ends with an error a finished run whose last save failed.
+
+    Raises:
+      UserError: the last checkpoint is older than the run's end.
+    """
+    failure = self.save_failure
+    if failure is None:
+      return
+    if failure.last != failure.path:
+      raise UserError("the run is finished, but its end is not saved: %s"
+                      % failure)
+    # The save after the test pass rewrites the last epoch's checkpoint.
+    warn("%s, which holds this same step: the run's end is saved" % failure)
 
   def _interrupted(self, session, signum):
     where = self.where
@@ -209,19 +285,26 @@ class TrainingRun(object):
     elif self.checkpointer is None:
       saved = "nothing saved here: only the chief saves"
     elif where["phase"] == "train" and not self.cluster:
-      saved = "checkpoint saved to %s" % self.save(
-          session, where["epoch"] - 1, where["step"] + 1, where["costs"])
+      saved = self._saved(self.save(
+          session, where["epoch"] - 1, where["step"] + 1, where["costs"]))
     elif where["phase"] == "valid" and not self.cluster:
-      saved = "checkpoint saved to %s" % self.save(
+      saved = self._saved(self.save(
           session, where["epoch"] - 1, self.m.input.num_calls,
-          where["train_costs"])
+          where["train_costs"]))
     else:
       # Workers of a cluster resume together only from an epoch's end.
       saved = "the checkpoint of the last finished epoch is in %s" % (
           self.save_path)
+    if self.save_failure and not self.save_failure.last:
+      resume = ""
     return Stop("interrupted by %s in the %s pass of epoch %d at step %d (%s)%s"
                 % (signal.Signals(signum).name, where["phase"], where["epoch"],
                    where["step"], saved, resume), 128 + signum)
+
+  def _saved(self, path):
+    """What an interrupt's save left: `path`, or the failure's account."""
+    return ("checkpoint saved to %s" % path if path else
+            str(self.save_failure))
 
   def _on_step(self, session, signals, step, cost, costs):
     where = self.where
@@ -245,7 +328,7 @@ class TrainingRun(object):
              if self.checkpointer else "nothing was saved"))
     every = self.options.get("save_every_steps")
     if self.checkpointer and every and (step + 1) % every == 0:
-      self.save(session, where["epoch"] - 1, step + 1, costs)
+      self._save_and_go_on(session, where["epoch"] - 1, step + 1, costs)
 
   def _epoch(self, session, i, resume, on_step, writer):
     """Trains epoch i (from 0), validates on the chief; records it."""
@@ -281,11 +364,11 @@ class TrainingRun(object):
         "train_wps": wps, "train_seconds": train_seconds,
         "valid_seconds": time.time() - valid_start})
     if self.checkpointer:
-      self.save(session, i + 1, 0, 0.0)
+      self._save_and_go_on(session, i + 1, 0, 0.0)
     else:
       self.summary.publish("running")
     if writer:
-      _write_scalars(writer, session.run(self.global_step), {
+      writer.add(session.run(self.global_step), {
           "Training Loss": np.log(train_perplexity) * config.num_steps,
           "Learning Rate": lr,
           "Validation Loss": np.log(valid_perplexity) * config.num_steps})
@@ -298,7 +381,7 @@ class TrainingRun(object):
       monitor.release_library_pages()
       # Created only now, so that a refused checkpoint leaves the directory
       # exactly as it was.
-      writer = (tf.compat.v1.summary.FileWriter(self.save_path)
+      writer = (tensorboard.ScalarWriter(self.save_path)
                 if self.checkpointer else None)
 
       def on_step(step, cost, costs):
@@ -335,11 +418,12 @@ class TrainingRun(object):
       _print_peak_memory(self.devices)
       if self.checkpointer:
         print("Saving model to %s." % self.save_path)
-        self.checkpointer.save(session, self.global_step)
+        self._write_checkpoint(session)
       session.run(self.done)
       self.summary.publish("finished")
       if writer:
         writer.close()
+    self._check_saved()
 
 
 def _epoch_words(model, resume):
@@ -357,11 +441,3 @@ def _print_peak_memory(devices):
       name = "GPU:%s" % device.split(":")[-1]
       peak = tf.config.experimental.get_memory_info(name)["peak"]
       print("Peak GPU memory: %.0f MiB (%s)" % (peak / 2**20, name))
-
-
-def _write_scalars(writer, step, values):
-  summary = tf.compat.v1.Summary(value=[
-      tf.compat.v1.Summary.Value(tag=tag, simple_value=float(v))
-      for tag, v in values.items()])
-  writer.add_summary(summary, step)
-  writer.flush()

@@ -1,0 +1,223 @@
+"""What a resume may change from its checkpoint's config (resume.py).
+
+The runs train in this process, as ptb_word_lm.main does, on a generated
+corpus that needs the LSTM state carried; an interrupt is a real SIGTERM
+that the run catches, saving its checkpoint in the middle of epoch 1.
+"""
+
+import json
+import os
+import re
+
+import tensorflow as tf
+
+from ptb import checkpoint
+from ptb import resume as resume_lib
+from ptb import testing
+from ptb import training
+from ptb.errors import UserError
+import ptb_word_lm
+
+# The step of epoch 1 (of 67) after which the interrupted runs stop.
+STOP_STEP = 30
+
+
+def perplexity_lines(out):
+  """The run's Train, Valid and Test perplexity lines, as printed."""
+  return re.findall(r"^(?:Epoch: \d+ (?:Train|Valid) |Test )Perplexity: .*$",
+                    out, re.M)
+
+
+def config(overrides=""):
+  """The runs' config: learning, with dropout, 2 epochs, then `overrides`."""
+  return testing.learning_config(",".join(filter(None, [
+      "keep_prob=0.5,max_max_epoch=2", overrides])))
+
+
+class ResumeTest(testing.InProcessRunTest):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    out, err, stop = testing.run_in_process(config(), cls.data)
+    assert stop is None, err
+    cls.reference = perplexity_lines(out)
+
+  def run_training(self, overrides="", run_epoch=ptb_word_lm.run_epoch):
+    """A run on the test's save_path; returns (stdout, stderr, Stop)."""
+    return testing.run_in_process(
+        config(overrides), self.data, run_epoch, save_path=self.save,
+        summary_json=self.summary)
+
+  def interrupted_in_epoch_1(self):
+    """A run stopped by SIGTERM in epoch 1, its checkpoint saved."""
+    _, _, stop = self.run_training(run_epoch=testing.interrupting(STOP_STEP))
+    self.assertEqual(stop.exit_code, 143)
+    self.assertIn("(checkpoint saved to %s/model.ckpt-%d)"
+                  % (self.save, STOP_STEP + 1), str(stop))
+
+  def finished_epoch_1(self):
+    """A run of one epoch: its last checkpoint is at epoch 1's end."""
+    out, err, stop = self.run_training("max_max_epoch=1")
+    self.assertIsNone(stop, err)
+    self.assertEqual(perplexity_lines(out)[:2], self.reference[:2])
+
+  def resumed(self, overrides="", run_epoch=ptb_word_lm.run_epoch):
+    """Runs again with `overrides`; returns its stdout, stderr must be empty."""
+    out, err, stop = self.run_training(overrides, run_epoch)
+    self.assertIsNone(stop, err)
+    self.assertEqual(err, "")
+    return out
+
+  def resumes_recorded(self):
+    with open(self.summary) as f:
+      return json.load(f)["resumes"]
+
+  def testTheSameConfigContinuesExactly(self):
+    self.interrupted_in_epoch_1()
+    out = self.resumed()
+    self.assertIn("Resuming from epoch 1 step %d of %s" % (STOP_STEP + 1,
+                                                           self.save), out)
+    self.assertNotIn("Config changes", out)
+    self.assertEqual(perplexity_lines(out), self.reference)
+    self.assertEqual(self.resumes_recorded()[-1]["config_changes"], {})
+
+  def testScheduleChangesInAnEpochAreNamedAndRecorded(self):
+    self.interrupted_in_epoch_1()
+    out = self.resumed("learning_rate=0.5,keep_prob=1")
+    self.assertIn("Config changes since the checkpoint: keep_prob=1.0 (was "
+                  "0.5), learning_rate=0.5 (was 1.0)\n", out)
+    self.assertIn("Epoch: 1 Learning rate: 0.500", out)
+    self.assertEqual(self.resumes_recorded()[-1], {
+        "epoch": 1, "step": STOP_STEP + 1,
+        "wall_seconds": self.resumes_recorded()[-1]["wall_seconds"],
+        "config_changes": {"keep_prob": {"from": 0.5, "to": 1.0},
+                           "learning_rate": {"from": 1.0, "to": 0.5}}})
+
+  def testScheduleChangeAtAnEpochsEndContinuesExactly(self):
+    self.finished_epoch_1()
+    out = self.resumed("max_max_epoch=2")
+    self.assertIn("Resuming from epoch 2 step 0", out)
+    self.assertIn("Config changes since the checkpoint: max_max_epoch=2 (was "
+                  "1)\n", out)
+    self.assertEqual(perplexity_lines(out), self.reference[2:])
+
+  def testShapeChangeInAnEpochIsRefusedAndNothingWritten(self):
+    self.interrupted_in_epoch_1()
+    before = {n: os.path.getmtime(os.path.join(self.save, n))
+              for n in os.listdir(self.save)}
+    summary = os.path.getmtime(self.summary)
+    # The command's config check comes first: it refuses before any write.
+    with self.assertRaises(UserError) as e:
+      training.find_resume(self.save, config("num_steps=3,batch_size=10"),
+                           ["/cpu:0"], None)
+    self.assertEqual(
+        str(e.exception),
+        "--save_path=%s holds a checkpoint from the middle of epoch 1 (step "
+        "%d), whose data position and LSTM state need the values it was "
+        "trained with: num_steps is 2 there and 3 here, batch_size is 20 "
+        "there and 10 here; resume with those until epoch 1 ends "
+        "(max_max_epoch=1 in --config_overrides ends the run there), then "
+        "change them" % (self.save, STOP_STEP + 1))
+    self.assertEqual({n: os.path.getmtime(os.path.join(self.save, n))
+                      for n in os.listdir(self.save)}, before)
+    self.assertEqual(os.path.getmtime(self.summary), summary)
+
+  def testShapeChangeAtAnEpochsEndStartsTheEpochAfresh(self):
+    self.finished_epoch_1()
+    positions = []
+
+    def run_epoch(session, model, eval_op=None, **kwargs):
+      if eval_op is not None:  # where the training pass starts
+        positions.append(session.run(model.input.position))
+      return ptb_word_lm.run_epoch(session, model, eval_op, **kwargs)
+
+    out = self.resumed("num_steps=3,batch_size=10", run_epoch)
+    self.assertIn(
+        "Config changes at the end of epoch 1: num_steps=3 (was 2), "
+        "batch_size=10 (was 20); the next epoch starts from the first window "
+        "with a zero LSTM state, as every epoch does\n", out)
+    # The first window of the new size, not the old position's.
+    self.assertEqual(positions, [0])
+    self.assertRegex(out, r"Epoch: 2 Valid Perplexity: .*\nTest Perplexity")
+    self.assertEqual(self.resumes_recorded()[-1]["config_changes"], {
+        "batch_size": {"from": 20, "to": 10},
+        "max_max_epoch": {"from": 1, "to": 2},
+        "num_steps": {"from": 2, "to": 3}})
+
+  def testCheckpointWithoutAConfigResumesWithAWarning(self):
+    self.interrupted_in_epoch_1()
+    ckpt = tf.train.latest_checkpoint(self.save)
+    testing.drop_variables(ckpt, [checkpoint.CONFIG_VARIABLE])
+    out, err, stop = self.run_training()
+    self.assertIsNone(stop, err)
+    # One line, named after the program (here the test runner).
+    self.assertEqual(
+        err.partition(": warning: ")[2], "the checkpoint %s records no config "
+        "(written by an older version): only its variables' shapes are "
+        "checked against this run's; in the middle of epoch 1, its data "
+        "position is taken to count windows of this run's num_steps=2\n"
+        % ckpt)
+    self.assertEqual(perplexity_lines(out), self.reference)
+    self.assertIsNone(self.resumes_recorded()[-1]["config_changes"])
+    # The new checkpoints record it.
+    self.assertIsNotNone(checkpoint.read_progress(
+        tf.train.latest_checkpoint(self.save))[3])
+
+  def testCheckpointWithoutAConfigStillNeedsItsShapes(self):
+    self.finished_epoch_1()
+    testing.drop_variables(tf.train.latest_checkpoint(self.save),
+                           [checkpoint.CONFIG_VARIABLE])
+    _, err, stop = self.run_training("hidden_size=3")
+    self.assertIn("records no config", err)
+    self.assertIsInstance(stop, UserError)
+    self.assertRegex(str(stop), r"holds a checkpoint of another "
+                     r"configuration: Model/RNN/cell_0/bias is \[64\] there "
+                     r"and \[12\] here")
+
+
+class WhatMayChangeTest(tf.test.TestCase):
+  """Resume.check and Resume.lines on records, without a checkpoint."""
+
+  def resume(self, step, **new):
+    cfg = testing.learning_config()
+    saved = resume_lib.record(cfg, 2, 1)
+    for name, value in new.items():
+      if name in ("towers", "workers"):
+        continue
+      setattr(cfg, name, value)
+    run = resume_lib.record(cfg, new.get("towers", 2), new.get("workers", 1))
+    return resume_lib.Resume("ckpt", (3, step, 1.0),
+                             resume_lib.config_changes(saved, run), [])
+
+  def testWeightFieldsNeverChange(self):
+    for step in (0, 5):
+      with self.assertRaisesRegex(
+          UserError, r"^--save_path=S holds a checkpoint of another "
+          r"configuration: hidden_size is 16 there and 32 here, vocab_size is "
+          r"11 there and 12 here; these shape the weights: set them back, or "
+          r"use another --save_path$"):
+        self.resume(step, hidden_size=32, vocab_size=12).check("S")
+
+  def testTowersAndWorkersChangeOnlyAtAnEpochsEnd(self):
+    with self.assertRaisesRegex(
+        UserError, r"towers \(--num_gpus, --cpu_towers\) is 2 there and 1 "
+        r"here, workers \(--worker_hosts\) is 1 there and 2 here; resume "
+        r"with those until epoch 4 ends"):
+      self.resume(5, towers=1, workers=2).check("S")
+    resume = self.resume(0, towers=1, workers=2, max_epoch=3)
+    resume.check("S")
+    self.assertEqual(resume.lines(), [
+        "Config changes at the end of epoch 3: towers=1 (was 2), workers=2 "
+        "(was 1); the next epoch starts from the first window with a zero "
+        "LSTM state, as every epoch does",
+        "Config changes since the checkpoint: max_epoch=3 (was 2)"])
+
+  def testNoChangeNoLine(self):
+    resume = self.resume(5)
+    resume.check("S")
+    self.assertEqual((resume.lines(), resume.summary_changes()), ([], {}))
+
+
+if __name__ == "__main__":
+  tf.test.main()
