@@ -112,6 +112,20 @@ def llc_bytes(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
   return best and best[1]
 
 
+def _measuring_library():
+  """The kernels' op library for measuring the machine, or None.
+
+  None without a vector width or a compiler, or if the build fails: the
+  measurements are then reported as unknown.
+  """
+  if kernels.kernel_isa()[0] is None or not kernels.compiler_found():
+    return None
+  try:
+    return kernels.load_library()
+  except (RuntimeError, OSError, tf.errors.OpError):
+    return None
+
+
 def memory_bandwidth(session_config, array_bytes=None, trials=5):
   """GB/s of a STREAM triad on the session's threads, or None without kernels.
 
@@ -121,11 +135,8 @@ def memory_bandwidth(session_config, array_bytes=None, trials=5):
   independent STREAM run reports. Bytes are STREAM's count, 12 an element.
   The fastest of a few rounds; the arrays are gone when it returns.
   """
-  if kernels.kernel_isa()[0] is None or not kernels.compiler_found():
-    return None
-  try:
-    library = kernels.load_library()
-  except (RuntimeError, OSError, tf.errors.OpError):
+  library = _measuring_library()
+  if library is None:
     return None
   n = (array_bytes or max(64 << 20, 8 * (llc_bytes() or 0))) // 4
   with tf.Graph().as_default():
@@ -171,11 +182,8 @@ def fma_peak(session_config, seconds=0.05, trials=5):
   figure no code on this machine can exceed. Best of a few short trials.
   None without a compiler or a width (see ptb/kernels.py).
   """
-  if kernels.kernel_isa()[0] is None or not kernels.compiler_found():
-    return None
-  try:
-    library = kernels.load_library()
-  except (RuntimeError, OSError, tf.errors.OpError):
+  library = _measuring_library()
+  if library is None:
     return None
   with tf.Graph().as_default():
     iterations = tf.compat.v1.placeholder(tf.int64, [])
