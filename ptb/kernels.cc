@@ -957,7 +957,7 @@ void OuterColumns(const float* x, int64_t M, int64_t K, const float* g,
 // Rows of w per block of the update: a block is swept a tile's columns at a
 // time, all its row tiles reading those columns of g ([M, kOuterCols]) from
 // L1.
-constexpr int64_t kOuterBlockRows = 6 * kOuterRows;
+constexpr int64_t kOuterBlockRows = 12 * kOuterRows;
 
 // w[k0:k1, :] += alpha * x[:, k0:k1]^T @ g for x [M, K], g [M, N], w [K, N]
 // row-major, k1 - k0 <= kOuterBlockRows; an OuterBlockFn.
