@@ -15,7 +15,7 @@ this project's vector kernels (recurrent=kernels) or on tf.matmul
 whether TensorFlow's matmuls ran on oneDNN (matmul=onednn) or on Eigen
 (matmul=eigen; ptb/onednn.py), and the roofline: the memory bandwidth
 measured in-process (a triad on the session's threads, arrays far larger
-than the last-level cache; before and after, the better), the bytes a
+than the last-level cache; after the combination's steps), the bytes a
 training step must move at the least (train_bytes_per_word), the GB/s that
 makes at the run's speed as a fraction of the bandwidth, the words per
 second that each roof allows (compute: the FMA peak over the FLOPs;
@@ -288,10 +288,20 @@ def _roofline_text(r):
       figure("bound", "%s"), figure("roof_fraction", "%.3f")])
 
 
-def _limits(session_config):
-  """(matmul ceiling, FMA peak, bandwidth) measured now; None where unknown."""
-  return (matmul_ceiling(session_config), fma_peak(session_config),
-          memory_bandwidth(session_config))
+def _limits(session_config, bandwidth=True):
+  """(matmul ceiling, FMA peak, bandwidth) measured now; None where unknown.
+
+  The bandwidth comes first, so that compute separates it from a model
+  measured next; without `bandwidth`, it is None.
+  """
+  gbs = memory_bandwidth(session_config) if bandwidth else None
+  return matmul_ceiling(session_config), fma_peak(session_config), gbs
+
+
+def _better(x, y):
+  """The larger of two measurements, either of which may be None."""
+  known = [v for v in (x, y) if v is not None]
+  return max(known) if known else None
 
 
 def main(_):
@@ -307,9 +317,10 @@ def main(_):
   # The ceiling is measured before and after each combination, and the
   # higher of the two counts: the machine's speed drifts from minute to
   # minute, and a ceiling taken once, in a slow minute, made a large run's
-  # utilisation 1.16. The FMA peak and the bandwidth likewise (None where
-  # unknown).
-  limits = _limits(session_config)
+  # utilisation 1.16. The FMA peak likewise, and the bandwidth after each
+  # combination only: a model measured just after the triad trained a few
+  # per cent slower (None where unknown).
+  limits = _limits(session_config, bandwidth=False)
   results = []
   for model_name in models:
     for mode in modes:
@@ -319,9 +330,8 @@ def main(_):
                           session_config)
       r["peak_rss_mib"] = monitor.peak_rss_mib()
       after = _limits(session_config)
-      ceiling, peak, bandwidth = (
-          max(x, y) if x is not None and y is not None else None
-          for x, y in zip(limits, after))
+      ceiling, peak, bandwidth = (_better(x, y)
+                                  for x, y in zip(limits, after))
       r.update(ceiling_gflops=ceiling,
                ceiling_trials_gflops=[limits[0], after[0]],
                mfu=r["gflops"] / ceiling, fma_peak_gflops=peak,
