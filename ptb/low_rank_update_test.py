@@ -68,21 +68,23 @@ class UpdateTest(tf.test.TestCase):
   def _train(self, rnn_mode, max_rows, steps=6):
     """Costs, weights and the ops' types of `steps` steps of a tiny model."""
     config = testing.TinyConfig()
-    config.num_steps, config.max_grad_norm = 3, 0.5
+    config.num_steps, config.max_grad_norm = 3, 0.85
     rows = np.random.RandomState(5).randint(
         0, config.vocab_size, (config.batch_size, steps * 3 + 1))
     with mock.patch.object(low_rank_update, "MAX_ROWS", max_rows), \
         tf.Graph().as_default() as graph:
       model = testing.build_tiny_model(config, rows, rnn_mode, seed=2)
       types = {op.type for op in graph.get_operations()}
+      params = tf.compat.v1.trainable_variables()
+      norm = tf.linalg.global_norm(tf.compat.v1.gradients(model.cost, params))
       with tf.compat.v1.Session() as sess:
         sess.run([tf.compat.v1.global_variables_initializer(),
                   tf.compat.v1.local_variables_initializer()])
         model.assign_lr(sess, 1.0)
-        costs = [sess.run([model.cost, model.train_op,
-                           model.update_state])[0] for _ in range(steps)]
-        weights = sess.run(tf.compat.v1.trainable_variables())
-    return costs, weights, types
+        runs = [sess.run([model.cost, norm, model.train_op,
+                          model.update_state]) for _ in range(steps)]
+        weights = sess.run(params)
+    return [r[0] for r in runs], weights, types, [r[1] for r in runs]
 
   def testFactorsGiveTheDenseClippedUpdateOverSteps(self):
     _kernels_or_skip(self)
@@ -90,6 +92,9 @@ class UpdateTest(tf.test.TestCase):
       with self.subTest(mode=mode):
         dense = self._train(mode, max_rows=0)
         factored = self._train(mode, max_rows=low_rank_update.MAX_ROWS)
+        # Steps with and without clipping (max_grad_norm 0.85) both occur.
+        self.assertGreater(max(dense[3]), 0.85)
+        self.assertLess(min(dense[3]), 0.85)
         self.assertNotIn("ApplyOuterProduct", dense[2])
         self.assertIn("ApplyOuterProduct", factored[2])
         self.assertAllClose(factored[0], dense[0], rtol=1e-5)
