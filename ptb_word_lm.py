@@ -519,24 +519,21 @@ def main(_):
                                       FLAGS.cpu_towers)
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
-
   options = {"save_path": FLAGS.save_path, "use_fp16": FLAGS.use_fp16,
-             "intra_op_threads": FLAGS.intra_op_threads,
+             "intra_op_threads": FLAGS.intra_op_threads, "model": FLAGS.model,
              "inter_op_threads": FLAGS.inter_op_threads,
              "eval_unroll": FLAGS.eval_unroll, "seed": FLAGS.seed,
-             "save_every_steps": FLAGS.save_every_steps,
+             "save_every_steps": FLAGS.save_every_steps, "argv": sys.argv,
              "summary_json": FLAGS.summary_json, "start_time": start_time,
-             "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout,
-             "argv": sys.argv, "model": FLAGS.model}
+             "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout}
   workers = len(cluster.worker_hosts) if cluster else 1
   data = reader.load_data(
       data_lib.resolve(FLAGS.data_path), config.vocab_size,
       (config.batch_size * len(devices) * workers, config.batch_size, 1),
       (config.num_steps, config.num_steps, 1))
-  # Once the input is known to be good: a refused run writes nothing.
+  # Once the input is known to be good, and before anything is written: a
+  # refused run (a lock held, a checkpoint this config cannot continue).
   outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
-  # A checkpoint that this config cannot continue is refused here, before
-  # anything is written.
   options["resume"] = training.find_resume(FLAGS.save_path, config, devices,
                                            cluster)
   options["sampler"] = sampler = training.start_sampler(

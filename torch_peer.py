@@ -10,7 +10,7 @@ found as ptb_word_lm.py finds it, and takes its config from ptb_word_lm.py
 (`--model`, `--config_overrides`), so that a config class edited in place
 drives both programs. torch is not a requirement of the project:
 
-  python3 -m pip install -r requirements-peer.txt
+  python3 -m pip install torch==2.13.0
 
 Speed, the default: `--warmup` untimed training steps, then `--steps` timed
 ones, on the training data; wps counts the words of the timed steps, as

@@ -1,7 +1,7 @@
 """Tests of torch_peer.py, the PyTorch peer; they need torch.
 
 Without torch (it is not a requirement of the project) they are skipped:
-`python3 -m pip install -r requirements-peer.txt` installs it.
+`python3 -m pip install torch==2.13.0` installs it.
 """
 
 import contextlib
@@ -30,7 +30,7 @@ import reader
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 NO_TORCH = ("torch is not installed (it is optional: python3 -m pip install "
-            "-r requirements-peer.txt)")
+            "torch==2.13.0)")
 if HAVE_TORCH:
   import torch  # pylint: disable=g-import-not-at-top
   import torch_peer  # pylint: disable=g-import-not-at-top
