@@ -89,7 +89,7 @@ flags.DEFINE_integer("num_gpus", 1,
                      "the gradients averaged.")
 flags.DEFINE_string("rnn_mode", None,
                     "The low level implementation of the LSTM: BASIC (core "
-                    "ops), BLOCK (fused BlockLSTM), CUDNN (cuDNN, GPUs "
+                    "ops), BLOCK (a fused cell), CUDNN (cuDNN, GPUs "
                     "only) or AUTO; any case. Overrides the config.")
 flags.DEFINE_string(
     "config_overrides", None,

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from ptb import devices as devices_lib
+from ptb import kernels
 from ptb import lstm
 from ptb import testing
 import ptb_word_lm
@@ -183,9 +184,14 @@ class TowerTest(tf.test.TestCase):
       testing.build_tiny_model(config, rows, ptb_word_lm.BLOCK,
                                devices=["/cpu:0", "/cpu:1"])
       ops = tf.compat.v1.get_default_graph().get_operations()
-      lstm = [op for op in ops if op.type == "BlockLSTM"]
-      self.assertEqual(sorted(op.device[-5:] for op in lstm),
-                       ["CPU:0"] * 2 + ["CPU:1"] * 2)  # Two layers each.
+      # BLOCK's cell on the CPU: the kernels' LstmCell, or BlockLSTM where
+      # they are not there (one op per layer).
+      fused = kernels.load() is not None
+      cells = [op for op in ops
+               if op.type == ("LstmCell" if fused else "BlockLSTM")]
+      per_tower = config.num_layers * (config.num_steps if fused else 1)
+      self.assertEqual(sorted(op.device[-5:] for op in cells),
+                       ["CPU:0"] * per_tower + ["CPU:1"] * per_tower)
       state_vars = [v for v in tf.compat.v1.local_variables()
                     if "lstm_state" in v.name]
       self.assertLen(state_vars, 2)  # Each tower carries its own state.

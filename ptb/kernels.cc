@@ -1,7 +1,9 @@
 // Vector kernels: the LSTM's per-step recurrent product [M, K] x [K, N]
-// with M (the batch) small, the softmax layer's cross-entropy over the
-// logits (SoftmaxCrossEntropy), the SGD update by a gradient of few rows
-// x^T @ g applied in place (ApplyOuterProduct), and the machine's limits for
+// with M (the batch) small, the LSTM cell's elementwise part in one op
+// (LstmCell: BLOCK's cell on the CPU), the softmax layer's cross-entropy
+// over the logits (SoftmaxCrossEntropy), the SGD update by a gradient of
+// few rows x^T @ g applied in place (ApplyOuterProduct), and the machine's
+// limits for
 // benchmark.py: the FMA units' peak (FmaPeak) and the memory bandwidth
 // (StreamTriad). kernels.py says why and builds them.
 //
@@ -68,6 +70,8 @@ using PanelRowsFn = void (*)(const float* a, int64_t M, int64_t K,
                              int64_t ldc, int64_t width);
 using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
                             int64_t label, float* out);
+using CellRowFn = void (*)(const float* gates, const float* cs_prev,
+                           int64_t hidden, float* const* out);
 using FmaChainsFn = float (*)(int64_t iterations);
 using TriadFn = void (*)(const float* b, const float* c, float* a, int64_t n);
 using OuterBlockFn = void (*)(const float* x, int64_t M, int64_t K,
@@ -117,6 +121,9 @@ struct V {
   static T Add(T a, T b) { return _mm512_add_ps(a, b); }
   static T Sub(T a, T b) { return _mm512_sub_ps(a, b); }
   static T Mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T Div(T a, T b) { return _mm512_div_ps(a, b); }
+  // The second operand where either is NaN (as the instruction does).
+  static T Min(T a, T b) { return _mm512_min_ps(a, b); }
   // max returns its second operand when one is NaN.
   static T Max(T a, T b) { return _mm512_max_ps(a, b); }
   static T MaxMasked(T acc, T z, Mask m) {
@@ -188,6 +195,9 @@ struct V {
   static T Add(T a, T b) { return _mm256_add_ps(a, b); }
   static T Sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T Mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T Div(T a, T b) { return _mm256_div_ps(a, b); }
+  // The second operand where either is NaN (as the instruction does).
+  static T Min(T a, T b) { return _mm256_min_ps(a, b); }
   // max returns its second operand when one is NaN.
   static T Max(T a, T b) { return _mm256_max_ps(a, b); }
   static T MaxMasked(T acc, T z, Mask m) {
@@ -505,6 +515,74 @@ class SoftmaxCrossEntropyOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("SoftmaxCrossEntropy").Device(DEVICE_CPU),
                         SoftmaxCrossEntropyOp);
+
+REGISTER_OP("LstmCell")
+    .Input("gates: float")
+    .Input("cs_prev: float")
+    .Attr("isa: {'auto', 'avx512', 'avx2'} = 'auto'")
+    .Output("i: float")
+    .Output("cs: float")
+    .Output("f: float")
+    .Output("o: float")
+    .Output("ci: float")
+    .Output("co: float")
+    .Output("h: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      for (int k = 0; k < 7; ++k) c->set_output(k, c->input(1));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The LSTM cell's elementwise part, fused, for gates [B, 4H] (the products
+and the bias, blocks i, j, f, o) and cs_prev [B, H]: i = sigmoid(gates_i),
+ci = tanh(gates_j), f = sigmoid(gates_f), o = sigmoid(gates_o), cs = ci i +
+cs_prev f, co = tanh(cs), h = co o: BlockLSTM's outputs for one step (no
+forget bias, no clipping, no peepholes), each [B, H].
+isa: the vector width, avx512 or avx2; auto: $PTB_KERNEL_ISA if set, else
+the widest this CPU has.
+)doc");
+
+class LstmCellOp : public OpKernel {
+ public:
+  explicit LstmCellOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "LstmCell", &wide));
+    row_ = wide ? &avx512::CellRow : &avx2::CellRow;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& gates = ctx->input(0);
+    const Tensor& cs_prev = ctx->input(1);
+    OP_REQUIRES(ctx,
+                gates.dims() == 2 && cs_prev.dims() == 2 &&
+                    gates.dim_size(0) == cs_prev.dim_size(0) &&
+                    gates.dim_size(1) == 4 * cs_prev.dim_size(1),
+                errors::InvalidArgument(
+                    "shapes do not match: gates ", gates.shape().DebugString(),
+                    ", cs_prev ", cs_prev.shape().DebugString()));
+    const int64_t B = cs_prev.dim_size(0), H = cs_prev.dim_size(1);
+    float* outs[7];
+    for (int k = 0; k < 7; ++k) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(k, cs_prev.shape(), &out));
+      outs[k] = out->flat<float>().data();
+    }
+    const float* gp = gates.flat<float>().data();
+    const float* cp = cs_prev.flat<float>().data();
+    const CellRowFn row = row_;
+    Parallel(ctx, B, 40 * H, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        float* rows[7];
+        for (int k = 0; k < 7; ++k) rows[k] = outs[k] + b * H;
+        row(gp + b * 4 * H, cp + b * H, H, rows);
+      }
+    });
+  }
+
+ private:
+  CellRowFn row_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("LstmCell").Device(DEVICE_CPU), LstmCellOp);
 
 REGISTER_OP("FmaPeak")
     .Input("iterations: int64")
@@ -1029,6 +1107,38 @@ float XentRow(const float* logits, const float* b, int64_t n, int64_t label,
   });
   out[label] -= 1.0f;
   return std::log(total) + (top - target);
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)), with exp's argument kept below its range's
+// end (the result there is 0 to a float's precision); NaN stays NaN (Min
+// returns its second operand).
+T Sigmoid(T x) {
+  const T one = V::Set1(1.0f);
+  return V::Div(one, V::Add(one, Exp(V::Min(V::Set1(88.0f), V::Sub(V::Zero(),
+                                                                   x)))));
+}
+
+// tanh(x) = 1 - 2 / (1 + exp(2x)), exp's argument capped as in Sigmoid.
+T Tanh(T x) {
+  const T one = V::Set1(1.0f);
+  const T e = Exp(V::Min(V::Set1(88.0f), V::Add(x, x)));
+  return V::Sub(one, V::Div(V::Set1(2.0f), V::Add(one, e)));
+}
+
+// One row of LstmCell: gates [4H] and cs_prev [H] to the seven outputs'
+// rows out[0..6] (i, cs, f, o, ci, co, h); a CellRowFn.
+void CellRow(const float* gates, const float* cs_prev, int64_t hidden,
+             float* const* out) {
+  ForVectors(hidden, [&](int64_t k, auto part) {
+    const T i = Sigmoid(LoadPart(gates + k, part));
+    const T ci = Tanh(LoadPart(gates + hidden + k, part));
+    const T f = Sigmoid(LoadPart(gates + 2 * hidden + k, part));
+    const T o = Sigmoid(LoadPart(gates + 3 * hidden + k, part));
+    const T cs = V::FMAdd(ci, i, V::Mul(LoadPart(cs_prev + k, part), f));
+    const T co = Tanh(cs);
+    const T values[7] = {i, cs, f, o, ci, co, V::Mul(co, o)};
+    for (int n = 0; n < 7; ++n) StorePart(out[n] + k, values[n], part);
+  });
 }
 
 // a[i] = b[i] + 3 c[i] for i in [0, n): StreamTriad's work on one thread, a

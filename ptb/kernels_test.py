@@ -35,7 +35,7 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
 _NO_WIDTH = "the CPU has neither AVX-512 nor AVX2 with FMA"
 _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
-        "apply_outer_product", "stream_triad")
+        "apply_outer_product", "stream_triad", "lstm_cell")
 _cpu_has_avx512 = kernels.cpu_has_avx512
 _cpu_isas = kernels.cpu_isas
 _read_flags = kernels._cpu_flags   # pylint: disable=protected-access
@@ -351,6 +351,60 @@ class SoftmaxCrossEntropyTest(tf.test.TestCase):
               np.array([0, 3], np.int32), isa=isa))
 
 
+def _cell_reference(gates, cs_prev):
+  """LstmCell's seven outputs in float64 numpy."""
+  i, j, f, o = np.split(gates.astype(np.float64), 4, axis=1)
+  sigmoid = lambda z: 1.0 / (1.0 + np.exp(-z))
+  i, ci, f, o = sigmoid(i), np.tanh(j), sigmoid(f), sigmoid(o)
+  cs = ci * i + cs_prev * f
+  co = np.tanh(cs)
+  return [i, cs, f, o, ci, co, co * o]
+
+
+class LstmCellTest(tf.test.TestCase):
+
+  def testEqualsTheCellOnOddShapesAndSaturatedGates(self):
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        rng = np.random.RandomState(7)
+        # Hidden sizes under, at and over 8 and 16 lanes; gates far out in
+        # both directions, where sigmoid and tanh saturate.
+        for b, h in ((1, 1), (3, 5), (2, 16), (4, 17), (20, 1000)):
+          gates = rng.uniform(-6, 6, (b, 4 * h)).astype(np.float32)
+          gates[0, ::3] = 95.0
+          gates[-1, 1::3] = -120.0
+          cs_prev = rng.uniform(-2, 2, (b, h)).astype(np.float32)
+          got = self.evaluate(kernels.lstm_cell(gates, cs_prev, isa=isa))
+          for name, g, w in zip(("i", "cs", "f", "o", "ci", "co", "h"), got,
+                                _cell_reference(gates, cs_prev)):
+            self.assertAllClose(g, w, rtol=1e-6, atol=1e-6,
+                                msg="%s %s %s" % (name, (b, h), isa))
+
+  def testNanGateMakesItsOutputsNan(self):
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        gates = np.zeros((1, 8), np.float32)
+        gates[0, 7] = np.nan   # unit 1's output gate (blocks i, j, f, o)
+        got = self.evaluate(kernels.lstm_cell(
+            gates, np.ones((1, 2), np.float32), isa=isa))
+        self.assertTrue(np.isnan(got[3][0, 1]) and np.isnan(got[6][0, 1]))
+        # Unit 0: i = f = o = 1/2, ci = 0, so cs = 1/2 and h = tanh(1/2) / 2.
+        self.assertAllClose(got[6][0, 0], 0.5 * np.tanh(0.5), rtol=1e-6)
+        self.assertFalse(np.isnan(got[1]).any())
+
+  def testMismatchedShapesAreAnError(self):
+    kernels, widths = widths_or_skip(self)
+    for isa in widths:
+      with with_width(self, isa):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    "shapes do not match"):
+          self.evaluate(kernels.lstm_cell(np.zeros((2, 12), np.float32),
+                                          np.zeros((2, 4), np.float32),
+                                          isa=isa))
+
+
 class SoftmaxLossPathsTest(tf.test.TestCase):
   """The softmax layer gives the same numbers with the kernel as without."""
 
@@ -418,6 +472,7 @@ class ModelProductsTest(tf.test.TestCase):
       wrt = [x] + [s.h for s in states] + kernels + biases
       results = sess.run([outputs] + [list(s) for s in finals] +
                          tf.compat.v1.gradients(loss, wrt))
+      self._cells = _count_ops(graph, "LstmCell")
       return results, _count_ops(graph, "PanelMatMul")
 
   def testBasicAndBlockWithKernelsEqualWithout(self):
@@ -433,19 +488,39 @@ class ModelProductsTest(tf.test.TestCase):
                   [(u(batch, size), u(batch, size)) for _ in range(2)],
                   [u(2 * size, 4 * size) * 0.3 for _ in range(2)],
                   [u(4 * size) for _ in range(2)], u(steps, batch, size))
-        want, count = self._stack(BLOCK, None, values, 10**9)
+        # The reference: tf.matmul's products and TensorFlow's cell.
+        want, count = self._stack(BASIC, None, values, 10**9)
         self.assertEqual(count, 0)
-        for mode, chunk in ((BASIC, 2), (BASIC, None),
+        for mode, chunk in ((BASIC, 2), (BASIC, None), (BLOCK, 2),
                             (BLOCK, None)):
           got, count = self._stack(mode, chunk, values, 0)
-          # BASIC: one product per step and layer forward and backward; BLOCK
-          # runs its own forward.
-          per_pass = 2 * steps
-          self.assertEqual(count, 2 * per_pass if mode == BASIC
-                           else per_pass, msg=mode)
+          # One product per step and layer, forward and backward; BLOCK's
+          # cell is the fused LstmCell, once per step and layer.
+          self.assertEqual(count, 2 * 2 * steps, msg=mode)
+          self.assertEqual(self._cells, 2 * steps if mode == BLOCK else 0,
+                           msg=mode)
           for k, (g, w) in enumerate(zip(got, want)):
             self.assertAllClose(g, w, rtol=1e-5, atol=1e-5,
                                 msg="%s chunk %s result %d" % (mode, chunk, k))
+
+  def testBlockRunsTheFusedCellOnTheCpuAndBlockLstmElsewhere(self):
+    kernels_or_skip(self)
+    for name, dtype, device, fused in (("float32 CPU", tf.float32, "", True),
+                                       ("float16", tf.float16, "", False),
+                                       ("GPU tower", tf.float32, "/gpu:0",
+                                        False)):
+      for chunk in (2, None):
+        # Built, not run: the GPU tower's graph needs no GPU to be built.
+        with tf.Graph().as_default() as graph, tf.device(device):
+          x = tf.zeros([4, 3, 5], dtype)
+          states = [util.LSTMStateTuple(tf.zeros([3, 5], dtype),
+                                        tf.zeros([3, 5], dtype))] * 2
+          lstm.lstm_stack(BLOCK, x, states, [tf.zeros([10, 20], dtype)] * 2,
+                          [tf.zeros([20], dtype)] * 2, chunk=chunk)
+        self.assertEqual(_count_ops(graph, "LstmCell"), 8 if fused else 0,
+                         msg="%s chunk %s" % (name, chunk))
+        self.assertEqual(_count_ops(graph, "BlockLSTM"), 0 if fused else 2,
+                         msg="%s chunk %s" % (name, chunk))
 
   def testTensorFlowProductsWhereKernelsDoNotPay(self):
     with mock.patch.object(kernels, "load") as load:

@@ -1,7 +1,8 @@
 """The LSTM layer in its three modes, and the stack of layers.
 
-BASIC builds the cell from matmul and elementwise ops, BLOCK runs the fused
-tf.raw_ops.BlockLSTM; both have the hand-written backward pass of
+BASIC builds the cell from matmul and elementwise ops; BLOCK runs a fused
+cell: the kernels' LstmCell after BASIC's products on the CPU,
+tf.raw_ops.BlockLSTM elsewhere. Both have the hand-written backward pass of
 lstm_backward.py. CUDNN runs one cuDNN call per layer (GPUs only). All take
 time-major inputs `[T, B, I]`, a state of `[B, H]` tensors and the
 canonical weights (kernel `[I + H, 4H]`, gates (i, j, f, o); bias `[4H]`),
@@ -10,6 +11,7 @@ so one checkpoint serves every mode.
 
 import tensorflow as tf
 
+from ptb import kernels
 from ptb import lstm_backward
 from ptb import wavefront
 from ptb.config import BASIC, BLOCK, CUDNN
@@ -41,21 +43,44 @@ def block_lstm(x, c0, h0, kernel, bias):
       forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
 
 
-@tf.custom_gradient
-def _lstm_block_layer(x, c0, h0, kernel, bias):
-  """BLOCK: the fused BlockLSTM forward; lstm_backward.backward.
+def _fused_cell(like):
+  """The kernels' fused cell (LstmCell) for work like `like`, or None."""
+  library = kernels.cpu_kernels(like)
+  return library.lstm_cell if library is not None else None
 
-  BlockLSTM's registered gradient (BlockLSTMGrad) computes the weight
-  gradient as one small matmul per step; lstm_backward.backward gives the
-  same numbers (tests compare them) faster on the CPU: the small model
-  trains 1.6x faster with it.
+
+def _block_forward(x, c0, h0, kernel, bias):
+  """BLOCK's forward pass: (outputs `[T, B, H]`, per-step activations).
+
+  On the CPU, with the kernels: BASIC's products (the inputs of all steps
+  in one, then h @ w_h per step) and the kernels' fused cell (LstmCell).
+  BlockLSTM's CPU kernel does one Eigen product of [x_t, h] per step, and
+  trained slower than BASIC in every config. Elsewhere (GPUs, fp16, no
+  kernels): BlockLSTM.
   """
+  cell = _fused_cell(x)
+  if cell is not None:
+    outputs, acts = lstm_backward.basic_forward(x, c0, h0, kernel, bias, cell)
+    return tf.stack(outputs), acts
   outputs = block_lstm(x, c0, h0, kernel, bias)
   acts = {k: tf.unstack(v) for k, v in
           zip(("i", "cs", "f", "o", "ci", "co"), outputs[:6])}
   h = outputs[6]
   acts["c_prev"] = [c0] + acts["cs"][:-1]
   acts["h_prev"] = [h0] + tf.unstack(h)[:-1]
+  return h, acts
+
+
+@tf.custom_gradient
+def _lstm_block_layer(x, c0, h0, kernel, bias):
+  """BLOCK: a fused cell forward (_block_forward); lstm_backward.backward.
+
+  BlockLSTM's registered gradient (BlockLSTMGrad) computes the weight
+  gradient as one small matmul per step; lstm_backward.backward gives the
+  same numbers (tests compare them) faster on the CPU: the small model
+  trains 1.6x faster with it.
+  """
+  h, acts = _block_forward(x, c0, h0, kernel, bias)
 
   def grad(d_outputs, d_c, d_h):
     d_x, *rest = lstm_backward.backward(x, kernel, bias, acts, d_outputs,
@@ -147,13 +172,17 @@ def lstm_stack(rnn_mode, x, states, kernels, biases, masks=None, chunk=None):
     kernels, biases: one canonical kernel and bias per layer.
     masks: None, or one `[T, B, H]` dropout mask (0 or 1 / keep_prob) per
       layer but the last, applied to that layer's outputs.
-    chunk: for BASIC, the steps per chunk of the wavefront (wavefront.py).
+    chunk: the steps per chunk of the wavefront (wavefront.py), for BASIC
+      and for BLOCK where its fused cell is the kernels'.
 
   Returns:
     (outputs of the last layer `[T, B, H]`, list of final LSTMStateTuple).
   """
-  if rnn_mode == BASIC and chunk:
-    return wavefront.basic_stack(x, states, kernels, biases, masks, chunk)
+  cell = (lstm_backward.ops_cell if rnn_mode == BASIC else
+          _fused_cell(x) if rnn_mode == BLOCK else None)
+  if chunk and cell is not None:
+    return wavefront.basic_stack(x, states, kernels, biases, masks, chunk,
+                                 cell)
   finals = []
   for l, (state, kernel, bias) in enumerate(zip(states, kernels, biases)):
     x, state = lstm_layer(rnn_mode, x, state, kernel, bias)

@@ -126,14 +126,33 @@ def split_kernel(kernel, input_size):
           tf.reshape(w_h, [rows - input_size, cols]))
 
 
-def basic_forward(x, c, h, kernel, bias):
-  """Forward pass from core ops, keeping what the backward pass needs.
+def ops_cell(gates, c):
+  """The cell's elementwise part from core ops (BASIC's cell).
+
+  Args:
+    gates: `[B, 4H]`, the products and the bias (blocks i, j, f, o).
+    c: `[B, H]`, the previous cell state.
+
+  Returns:
+    (i, cs, f, o, ci, co, h), each `[B, H]`, as BlockLSTM names them.
+  """
+  i, j, f, o = tf.split(gates, 4, axis=1)
+  i, ci, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
+  cs = f * c + i * ci
+  co = tf.tanh(cs)
+  return i, cs, f, o, ci, co, o * co
+
+
+def basic_forward(x, c, h, kernel, bias, cell=ops_cell):
+  """Forward pass from products and a cell, keeping what backward needs.
 
   Args:
     x: `[T, B, I]` inputs, or a list of time blocks `[C, B, I]`: the
       steps of a block wait only for that block's inputs.
     c, h: `[B, H]` initial state.
     kernel, bias: the canonical weights.
+    cell: the elementwise part, as ops_cell: ops_cell (BASIC) or the
+      kernels' fused lstm_cell (BLOCK on the CPU).
 
   Returns:
     (outputs: a list of T `[B, H]` tensors, per-step activations: a dict of
@@ -154,17 +173,12 @@ def basic_forward(x, c, h, kernel, bias):
     # MatMul, BiasAdd and Add into one oneDNN op that first copies its
     # addend into the output, a reorder at every step.
     for x_t in tf.unstack(tf.nn.bias_add(tf.tensordot(block, w_x, 1), bias)):
-      gates = product(h, x_t)
-      i, j, f, o = tf.split(gates, 4, axis=1)
-      i, ci, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
       acts["c_prev"].append(c)
       acts["h_prev"].append(h)
-      c = f * c + i * ci
-      co = tf.tanh(c)
-      h = o * co
-      for k, v in (("i", i), ("cs", c), ("f", f), ("o", o), ("ci", ci),
-                   ("co", co)):
+      step = cell(product(h, x_t), c)
+      for k, v in zip(("i", "cs", "f", "o", "ci", "co"), step):
         acts[k].append(v)
+      c, h = step[1], step[6]
       outputs.append(h)
   return outputs, acts
 

@@ -15,6 +15,10 @@ import util
 # BlockLSTM with TensorFlow's registered gradient (BlockLSTMGrad): an
 # independent reference for the hand-written backward pass of both modes.
 REGISTERED = "block_lstm_registered_gradient"
+# BLOCK where the kernels' fused cell is not there (GPUs, fp16, no
+# compiler): tf.raw_ops.BlockLSTM's forward. BLOCK itself, on this CPU,
+# runs the fused cell when the kernels load.
+BLOCK_OP = "block_lstm_op"
 
 
 def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
@@ -23,6 +27,10 @@ def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
   if rnn_mode == REGISTERED:
     block = lstm.block_lstm(x, c0, h0, kernel, bias)
     outputs, state = block[6], util.LSTMStateTuple(block[1][-1], block[6][-1])
+  elif rnn_mode == BLOCK_OP:
+    with mock.patch.object(lstm, "_fused_cell", return_value=None):
+      outputs, state = lstm.lstm_layer(
+          BLOCK, x, util.LSTMStateTuple(c0, h0), kernel, bias)
   else:
     outputs, state = lstm.lstm_layer(
         rnn_mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
@@ -64,7 +72,7 @@ class LstmLayerTest(tf.test.TestCase):
   def testModesMatchNumpyReference(self):
     inputs = random_layer_inputs()
     want = reference_lstm(*inputs[:5])
-    for mode in (BASIC, BLOCK):
+    for mode in (BASIC, BLOCK, BLOCK_OP):
       with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         got = sess.run(layer_outputs(mode, inputs)[:3])
       for g, w in zip(got, want):
@@ -73,11 +81,11 @@ class LstmLayerTest(tf.test.TestCase):
   def testBasicAndBlockEqualBlockLstmWithItsRegisteredGradient(self):
     inputs = random_layer_inputs()
     results = {}
-    for mode in (REGISTERED, BASIC, BLOCK):
+    for mode in (REGISTERED, BASIC, BLOCK, BLOCK_OP):
       with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         results[mode] = sess.run(layer_outputs(mode, inputs))
     names = ["outputs", "c", "h", "d_x", "d_c0", "d_h0", "d_kernel", "d_bias"]
-    for mode in (BASIC, BLOCK):
+    for mode in (BASIC, BLOCK, BLOCK_OP):
       for name, got, want in zip(names, results[mode], results[REGISTERED]):
         self.assertAllClose(got, want, rtol=1e-5, atol=1e-6,
                             msg="%s %s" % (mode, name))

@@ -7,8 +7,9 @@ from ptb import lstm_backward
 import util
 
 
-def basic_stack(x, states, kernels, biases, masks, chunk):
-  """BASIC over all layers in one custom gradient, as a wavefront.
+def basic_stack(x, states, kernels, biases, masks, chunk,
+                cell=lstm_backward.ops_cell):
+  """BASIC's products over all layers in one custom gradient, as a wavefront.
 
   Layer l + 1 consumes layer l's outputs a chunk of steps at a time
   instead of waiting for the whole sequence, and in the backward pass
@@ -22,6 +23,8 @@ def basic_stack(x, states, kernels, biases, masks, chunk):
     kernels, biases: one canonical kernel and bias per layer.
     masks: None or one `[T, B, H]` dropout mask per layer but the last.
     chunk: steps per chunk.
+    cell: the cell's elementwise part (lstm_backward.basic_forward's cell):
+      BASIC's ops, or BLOCK's fused cell.
 
   Returns:
     (outputs of the last layer `[T, B, H]`, list of final LSTMStateTuple).
@@ -43,7 +46,7 @@ def basic_stack(x, states, kernels, biases, masks, chunk):
     for l in range(num_layers):
       layer_inputs.append(inputs)
       outputs, acts = lstm_backward.basic_forward(inputs, c0s[l], h0s[l], ks[l],
-                                          bs[l])
+                                          bs[l], cell)
       layer_acts.append(acts)
       finals.append((acts["cs"][-1], outputs[-1]))
       if l < num_layers - 1:
