@@ -10,16 +10,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from ptb.errors import UserError
+from ptb.data import URL
+from ptb.errors import DataError
 
 FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
-
-
-class DataError(UserError, ValueError):
-  """The corpus cannot be used; the message says what to do about it.
-
-  A UserError: the entry points print it as one error line (exit code 1).
-  """
 
 
 def _read_words(filename):
@@ -81,16 +75,15 @@ def ptb_raw_data(data_path):
     what = "is a file" if os.path.exists(data_path) else "does not exist"
     raise DataError(
         "--data_path=%s %s: give the directory that holds %s (for example "
-        "simple-examples/data from http://www.fit.vutbr.cz/~imikolov/rnnlm/"
-        "simple-examples.tgz)" % (data_path, what, ", ".join(FILE_NAMES)))
+        "simple-examples/data from %s)"
+        % (data_path, what, ", ".join(FILE_NAMES), URL))
   paths = [os.path.join(data_path, name) for name in FILE_NAMES]
   for path in paths:
     if not os.path.exists(path):
       raise DataError(
-          "%s is missing: --data_path must hold %s; get them by unpacking "
-          "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz and "
-          "pointing --data_path at simple-examples/data"
-          % (path, ", ".join(FILE_NAMES)))
+          "%s is missing: --data_path must hold %s; get them by unpacking %s "
+          "and pointing --data_path at simple-examples/data"
+          % (path, ", ".join(FILE_NAMES), URL))
   train_words, valid_words, test_words = (_read_words(p) for p in paths)
   word_to_id = _build_vocab(train_words)
   return (_word_ids(train_words, word_to_id), _word_ids(valid_words, word_to_id),
