@@ -3,17 +3,18 @@
 import tensorflow as tf
 
 from ptb.config import CUDNN
+from ptb.config import check_flag_ranges
 from ptb.errors import UserError
 import util
 
 
 def check_devices(num_gpus, rnn_mode, cpu_towers):
-  """Checks the device flags against the machine; returns tower devices."""
-  if num_gpus < 0:
-    raise UserError("--num_gpus=%d must be 0 or more" % num_gpus, exit_code=2)
-  if cpu_towers < 1:
-    raise UserError("--cpu_towers=%d must be 1 or more" % cpu_towers,
-                    exit_code=2)
+  """Checks the device flags against the machine; returns tower devices.
+
+  The flags' ranges are config.FLAG_RANGES': checked here too for the
+  entry points that do not check every flag (benchmark.py).
+  """
+  check_flag_ranges({"num_gpus": num_gpus, "cpu_towers": cpu_towers})
   # Probing for GPUs costs a CUDA initialisation (and its log lines), so the
   # CPU path does not ask.
   present = len(tf.config.list_physical_devices("GPU")) if num_gpus else 0
