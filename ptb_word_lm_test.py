@@ -16,7 +16,7 @@ import tensorflow as tf
 from ptb import config as config_lib
 from ptb import kernels
 from ptb import low_rank_update
-from ptb import lstm_backward
+from ptb import lstm as lstm_backward
 from ptb import monitor
 from ptb import training
 from ptb import wavefront

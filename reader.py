@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ptb.data import URL
 from ptb.errors import DataError
+from ptb.state import local_variable
 
 FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
 
@@ -182,13 +183,9 @@ def producer(raw_data, batch_size, num_steps, steps_per_call=1,
     with_weights = steps_per_call > 1
   # The corpus stays in host memory; only one call's slice moves per step.
   with tf.compat.v1.name_scope(name, "PTBProducer"), tf.device("/cpu:0"):
-    # Colocated with an op of this scope: the position stays in this process
-    # even under a parameter-server device setter.
-    anchor = tf.no_op(name="position_anchor")
-    with tf.compat.v1.colocate_with(anchor):
-      position = tf.compat.v1.Variable(
-          tf.constant(0, tf.int64), trainable=False, name="position",
-          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    # A local variable: the position stays in this process even under a
+    # parameter-server device setter.
+    position = local_variable(tf.constant(0, tf.int64), "position")
     served = position.assign_add(1, read_value=True)
     i = tf.math.floormod(served - 1, num_calls)
     tensors = [tf.gather(tf.constant(a), i)

@@ -5,7 +5,24 @@ import tensorflow as tf
 from ptb.config import CUDNN
 from ptb.config import check_flag_ranges
 from ptb.errors import UserError
-import util
+
+
+def tower_devices(num_gpus, num_cpu_towers=1):
+  """Lists the devices that the training towers run on.
+
+  Args:
+    num_gpus: GPUs to train on; 0 trains on the CPU.
+    num_cpu_towers: with num_gpus == 0, how many towers to place on virtual CPU
+      devices (the session must then be created with
+      `ConfigProto(device_count={"CPU": num_cpu_towers})`). Several CPU towers
+      compute nothing faster; they test the multi-tower code without GPUs.
+
+  Returns:
+    A list of device strings, one per tower.
+  """
+  if num_gpus > 0:
+    return ["/gpu:%d" % i for i in range(num_gpus)]
+  return ["/cpu:%d" % i for i in range(num_cpu_towers)]
 
 
 def check_devices(num_gpus, rnn_mode, cpu_towers):
@@ -26,7 +43,7 @@ def check_devices(num_gpus, rnn_mode, cpu_towers):
   if rnn_mode == CUDNN and num_gpus == 0:
     raise UserError("--rnn_mode=CUDNN needs a GPU (cuDNN) and --num_gpus >= 1; "
                     "on the CPU use BASIC or BLOCK")
-  return util.tower_devices(num_gpus, cpu_towers)
+  return tower_devices(num_gpus, cpu_towers)
 
 
 def session_config(devices, intra_op_threads, inter_op_threads):
