@@ -13,8 +13,8 @@ None):
                         one custom gradient per layer, basic_forward then
                         backward.
   BLOCK                 _lstm_block_layer: the fused tf.raw_ops.BlockLSTM
-                        (block_lstm) forward, the same backward. AUTO picks
-                        it on GPUs (BASIC on the CPU).
+                        (block_lstm) forward, then BASIC's backward. AUTO
+                        picks it on GPUs (BASIC on the CPU).
   CUDNN                 _build_cudnn: one CudnnRNNV3 per layer and its
                         registered gradient, on the canonical weights
                         converted at every step (_cudnn_params). GPUs only:
