@@ -16,7 +16,7 @@ import tensorflow as tf
 from ptb import config as config_lib
 from ptb import kernels
 from ptb import low_rank_update
-from ptb import lstm_backward
+from ptb import lstm
 from ptb import monitor
 from ptb import training
 from ptb import wavefront
@@ -432,7 +432,7 @@ class TrainingTrajectoryTest(tf.test.TestCase):
 
   def testBasicLayerByLayerWithRecurrentKernels(self):
     # 4 steps: the kernels are asked for at any step count.
-    with mock.patch.object(lstm_backward, "KERNEL_MIN_STEPS", 0):
+    with mock.patch.object(lstm, "KERNEL_MIN_STEPS", 0):
       self._check(config_lib.BASIC, None, hidden=512, batch=8,
                   recurrent_kernels=kernels.load() is not None)
 

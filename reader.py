@@ -10,16 +10,11 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from ptb.errors import UserError
+from ptb.data import URL
+from ptb.errors import DataError
+from ptb.state import local_variable
 
 FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
-
-
-class DataError(UserError, ValueError):
-  """The corpus cannot be used; the message says what to do about it.
-
-  A UserError: the entry points print it as one error line (exit code 1).
-  """
 
 
 def _read_words(filename):
@@ -81,16 +76,15 @@ def ptb_raw_data(data_path):
     what = "is a file" if os.path.exists(data_path) else "does not exist"
     raise DataError(
         "--data_path=%s %s: give the directory that holds %s (for example "
-        "simple-examples/data from http://www.fit.vutbr.cz/~imikolov/rnnlm/"
-        "simple-examples.tgz)" % (data_path, what, ", ".join(FILE_NAMES)))
+        "simple-examples/data from %s)"
+        % (data_path, what, ", ".join(FILE_NAMES), URL))
   paths = [os.path.join(data_path, name) for name in FILE_NAMES]
   for path in paths:
     if not os.path.exists(path):
       raise DataError(
-          "%s is missing: --data_path must hold %s; get them by unpacking "
-          "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz and "
-          "pointing --data_path at simple-examples/data"
-          % (path, ", ".join(FILE_NAMES)))
+          "%s is missing: --data_path must hold %s; get them by unpacking %s "
+          "and pointing --data_path at simple-examples/data"
+          % (path, ", ".join(FILE_NAMES), URL))
   train_words, valid_words, test_words = (_read_words(p) for p in paths)
   word_to_id = _build_vocab(train_words)
   return (_word_ids(train_words, word_to_id), _word_ids(valid_words, word_to_id),
@@ -189,13 +183,9 @@ def producer(raw_data, batch_size, num_steps, steps_per_call=1,
     with_weights = steps_per_call > 1
   # The corpus stays in host memory; only one call's slice moves per step.
   with tf.compat.v1.name_scope(name, "PTBProducer"), tf.device("/cpu:0"):
-    # Colocated with an op of this scope: the position stays in this process
-    # even under a parameter-server device setter.
-    anchor = tf.no_op(name="position_anchor")
-    with tf.compat.v1.colocate_with(anchor):
-      position = tf.compat.v1.Variable(
-          tf.constant(0, tf.int64), trainable=False, name="position",
-          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    # A local variable: the position stays in this process even under a
+    # parameter-server device setter.
+    position = local_variable(tf.constant(0, tf.int64), "position")
     served = position.assign_add(1, read_value=True)
     i = tf.math.floormod(served - 1, num_calls)
     tensors = [tf.gather(tf.constant(a), i)

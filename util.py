@@ -1,35 +1,22 @@
 """Graph helpers with explicit arguments: devices, towers, gradients, state.
 
 Nothing here reads flags: devices and sizes are passed in as plain values.
+The helpers that ptb/ uses too live there (ptb/ imports no top-level
+script); they are imported here under their names of the tutorial's util.
 """
-
-import collections
 
 import tensorflow as tf
 
 from ptb import low_rank_update
-
-# One layer's LSTM state, as in the original tutorial: c is the cell, h the
-# output. Both are `[batch_size, hidden_size]`.
-LSTMStateTuple = collections.namedtuple("LSTMStateTuple", ("c", "h"))
-
-
-def tower_devices(num_gpus, num_cpu_towers=1):
-  """Lists the devices that the training towers run on.
-
-  Args:
-    num_gpus: GPUs to train on; 0 trains on the CPU.
-    num_cpu_towers: with num_gpus == 0, how many towers to place on virtual CPU
-      devices (the session must then be created with
-      `ConfigProto(device_count={"CPU": num_cpu_towers})`). Several CPU towers
-      compute nothing faster; they test the multi-tower code without GPUs.
-
-  Returns:
-    A list of device strings, one per tower.
-  """
-  if num_gpus > 0:
-    return ["/gpu:%d" % i for i in range(num_gpus)]
-  return ["/cpu:%d" % i for i in range(num_cpu_towers)]
+# pylint: disable=unused-import
+from ptb.devices import tower_devices
+from ptb.lstm import canonical_to_cudnn
+from ptb.lstm import cudnn_to_canonical
+from ptb.state import LSTMStateTuple
+from ptb.state import local_variable
+from ptb.state import pack_state
+from ptb.state import unpack_state
+# pylint: enable=unused-import
 
 
 def variable_device(devices):
@@ -82,22 +69,6 @@ def average_gradients(tower_grads):
     A list with one averaged gradient per variable.
   """
   return [_average(list(grads)) for grads in zip(*tower_grads)]
-
-
-def local_variable(initial_value, name):
-  """A non-trainable variable that stays on the device of the current scope.
-
-  Local variables (LSTM state, data position) belong to one process. Under a
-  replica_device_setter every variable would go to a parameter server;
-  colocating with an op created here keeps them on this worker, as
-  SyncReplicasOptimizer does for its local step. They are in
-  LOCAL_VARIABLES, so the default Saver and global initialiser skip them.
-  """
-  anchor = tf.no_op(name=name + "_anchor")
-  with tf.compat.v1.colocate_with(anchor):
-    return tf.compat.v1.Variable(
-        initial_value, trainable=False, name=name,
-        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
 
 
 class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
@@ -223,63 +194,3 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
     token = tokens[replica].dequeue()
   with tf.control_dependencies([token]):
     return local_step.assign_add(1)
-
-
-def pack_state(state):
-  """Packs a tuple of LSTMStateTuple into one `[layers, 2, batch, hidden]`."""
-  return tf.stack([tf.stack([s.c, s.h]) for s in state])
-
-
-def unpack_state(packed, num_layers):
-  """Inverse of pack_state."""
-  return tuple(LSTMStateTuple(packed[i, 0], packed[i, 1])
-               for i in range(num_layers))
-
-
-# cuDNN orders an LSTM's gates (input, forget, candidate, output); the
-# canonical kernel orders them (input, candidate, forget, output).
-_CUDNN_FROM_CANONICAL = (0, 2, 1, 3)
-
-
-def canonical_to_cudnn(kernel, bias, input_size):
-  """Converts canonical LSTM weights to cuDNN's canonical lists.
-
-  Plain reshape/split/transpose/concat ops, so the conversion runs (and is
-  tested) on any device.
-
-  Args:
-    kernel: `[input_size + hidden, 4 * hidden]`, gate blocks (i, j, f, o).
-    bias: `[4 * hidden]`, same blocks.
-    input_size: rows of the kernel that multiply the layer input.
-
-  Returns:
-    (weights, biases): 8 matrices `[hidden, input_size]` (input weights
-    W_i, W_f, W_c, W_o) and `[hidden, hidden]` (recurrent weights R_i, R_f,
-    R_c, R_o), and 8 vectors `[hidden]`: the input biases in cuDNN order, then
-    four zero recurrent biases (cuDNN adds both; the model has one).
-  """
-  def reorder(blocks):
-    return [blocks[k] for k in _CUDNN_FROM_CANONICAL]
-
-  w_x = reorder(tf.split(kernel[:input_size], 4, axis=1))
-  w_h = reorder(tf.split(kernel[input_size:], 4, axis=1))
-  weights = [tf.transpose(w) for w in w_x + w_h]
-  b = reorder(tf.split(bias, 4))
-  return weights, b + [tf.zeros_like(b[0])] * 4
-
-
-def cudnn_to_canonical(weights, biases):
-  """Inverse of canonical_to_cudnn: returns (kernel, bias).
-
-  The two cuDNN bias vectors of each gate are added into the one canonical
-  bias, so converting there and back is exact.
-  """
-  def canonical(blocks):
-    return [blocks[_CUDNN_FROM_CANONICAL.index(k)] for k in range(4)]
-
-  w_x = canonical([tf.transpose(w) for w in weights[:4]])
-  w_h = canonical([tf.transpose(w) for w in weights[4:]])
-  kernel = tf.concat([tf.concat(w_x, 1), tf.concat(w_h, 1)], 0)
-  bias = tf.concat(canonical([a + b for a, b in zip(biases[:4], biases[4:])]),
-                   0)
-  return kernel, bias

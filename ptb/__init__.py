@@ -1,8 +1,8 @@
 """The internals of ptb_word_lm.py, one module per mechanism.
 
-lstm            the LSTM layer in its modes (BASIC, BLOCK, CUDNN), the stack
-lstm_backward   the BASIC cell's forward pass, the shared backward pass
-wavefront       BASIC over all layers as a wavefront of time chunks
+lstm            the LSTM's forward and backward passes in every mode, the stack
+wavefront       the wavefront's time chunks and their size
+state           the LSTM state tuple and its packing, local variables
 softmax         the softmax loss with its hand-written gradient
 low_rank_update gradients of few rows applied from their factors
 dropout         dropout as explicit masks

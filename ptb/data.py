@@ -23,8 +23,8 @@ import urllib.error
 import urllib.request
 import zlib
 
+from ptb.errors import DataError
 from ptb.errors import Stop
-from ptb.errors import UserError
 
 URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 # The published MD5 sums of the three files.
@@ -36,12 +36,12 @@ _TIMEOUT = 60
 _CHUNK = 1 << 20
 
 
-class DataError(UserError):
-  """The data cannot be had; the message says what to do, in one line."""
-
-
 def cache_root():
-  """`$XDG_CACHE_HOME/ptb_word_lm`, or `~/.cache/ptb_word_lm`."""
+  """`$XDG_CACHE_HOME/ptb_word_lm`, or `~/.cache/ptb_word_lm`.
+
+  The project's cache: the data here, the built kernels (ptb/kernels.py)
+  unless $PTB_KERNEL_DIR says otherwise.
+  """
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
       os.path.expanduser("~"), ".cache")
   return os.path.join(base, "ptb_word_lm")

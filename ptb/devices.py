@@ -3,17 +3,35 @@
 import tensorflow as tf
 
 from ptb.config import CUDNN
+from ptb.config import check_flag_ranges
 from ptb.errors import UserError
-import util
+
+
+def tower_devices(num_gpus, num_cpu_towers=1):
+  """Lists the devices that the training towers run on.
+
+  Args:
+    num_gpus: GPUs to train on; 0 trains on the CPU.
+    num_cpu_towers: with num_gpus == 0, how many towers to place on virtual CPU
+      devices (the session must then be created with
+      `ConfigProto(device_count={"CPU": num_cpu_towers})`). Several CPU towers
+      compute nothing faster; they test the multi-tower code without GPUs.
+
+  Returns:
+    A list of device strings, one per tower.
+  """
+  if num_gpus > 0:
+    return ["/gpu:%d" % i for i in range(num_gpus)]
+  return ["/cpu:%d" % i for i in range(num_cpu_towers)]
 
 
 def check_devices(num_gpus, rnn_mode, cpu_towers):
-  """Checks the device flags against the machine; returns tower devices."""
-  if num_gpus < 0:
-    raise UserError("--num_gpus=%d must be 0 or more" % num_gpus, exit_code=2)
-  if cpu_towers < 1:
-    raise UserError("--cpu_towers=%d must be 1 or more" % cpu_towers,
-                    exit_code=2)
+  """Checks the device flags against the machine; returns tower devices.
+
+  The flags' ranges are config.FLAG_RANGES': checked here too for the
+  entry points that do not check every flag (benchmark.py).
+  """
+  check_flag_ranges({"num_gpus": num_gpus, "cpu_towers": cpu_towers})
   # Probing for GPUs costs a CUDA initialisation (and its log lines), so the
   # CPU path does not ask.
   present = len(tf.config.list_physical_devices("GPU")) if num_gpus else 0
@@ -25,7 +43,7 @@ def check_devices(num_gpus, rnn_mode, cpu_towers):
   if rnn_mode == CUDNN and num_gpus == 0:
     raise UserError("--rnn_mode=CUDNN needs a GPU (cuDNN) and --num_gpus >= 1; "
                     "on the CPU use BASIC or BLOCK")
-  return util.tower_devices(num_gpus, cpu_towers)
+  return tower_devices(num_gpus, cpu_towers)
 
 
 def session_config(devices, intra_op_threads, inter_op_threads):

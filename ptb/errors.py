@@ -21,6 +21,14 @@ class UserError(Stop):
     super().__init__(message, exit_code)
 
 
+class DataError(UserError, ValueError):
+  """The corpus cannot be had or used; the message says what to do about it.
+
+  Raised by reader.py (the files) and ptb/data.py (the download and cache);
+  a UserError, so the entry points print it as one error line (exit code 1).
+  """
+
+
 def warn(message):
   """One warning line on stderr, named like the run's error lines."""
   print("%s: warning: %s" % (os.path.basename(sys.argv[0]), message),

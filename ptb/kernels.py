@@ -59,6 +59,8 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from ptb import data as data_lib
+
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "kernels.cc")
 # Seconds a build may take (a build takes about 15 s on 2 cores).
@@ -70,16 +72,6 @@ _state = {"loaded": False, "library": None, "reason": None}
 # second copy of the same library, from another directory, would come back
 # without the ops that the first registered.
 _libraries = {}
-
-
-def cache_dir():
-  """Where built kernels are kept: $PTB_KERNEL_DIR or the user's cache."""
-  explicit = os.environ.get("PTB_KERNEL_DIR")
-  if explicit:
-    return explicit
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-      os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "ptb_word_lm")
 
 
 # The vector widths of the kernels, widest first, and the CPU flags that
@@ -168,7 +160,9 @@ def library_path(source=_SOURCE):
     digest = hashlib.sha256(f.read())
   digest.update(" ".join(_build_command("", "")).encode())
   digest.update(tf.__version__.encode())
-  return os.path.join(cache_dir(),
+  # Built kernels are kept in $PTB_KERNEL_DIR, else in the project's cache.
+  directory = os.environ.get("PTB_KERNEL_DIR") or data_lib.cache_root()
+  return os.path.join(directory,
                       "lstm_kernels-%s.so" % digest.hexdigest()[:16])
 
 

@@ -25,10 +25,9 @@ import tensorflow as tf
 
 from ptb import kernels
 from ptb import lstm
-from ptb import lstm_backward
 from ptb import softmax
 from ptb.config import BASIC, BLOCK
-import util
+from ptb.state import LSTMStateTuple
 
 _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
                "running these ops needs")
@@ -457,11 +456,11 @@ class ModelProductsTest(tf.test.TestCase):
   def _stack(self, rnn_mode, chunk, values, min_hidden):
     """Outputs, final states and gradients of a 2-layer stack; op count."""
     x, states, kernels, biases, dy = values
-    with mock.patch.object(lstm_backward, "KERNEL_MIN_HIDDEN", min_hidden), \
-        mock.patch.object(lstm_backward, "KERNEL_MIN_STEPS", 0), \
+    with mock.patch.object(lstm, "KERNEL_MIN_HIDDEN", min_hidden), \
+        mock.patch.object(lstm, "KERNEL_MIN_STEPS", 0), \
         tf.Graph().as_default() as graph, tf.compat.v1.Session() as sess:
       x = tf.constant(x)
-      states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
+      states = [LSTMStateTuple(tf.constant(c), tf.constant(h))
                 for c, h in states]
       kernels = [tf.constant(k) for k in kernels]
       biases = [tf.constant(b) for b in biases]
@@ -513,8 +512,8 @@ class ModelProductsTest(tf.test.TestCase):
         # Built, not run: the GPU tower's graph needs no GPU to be built.
         with tf.Graph().as_default() as graph, tf.device(device):
           x = tf.zeros([4, 3, 5], dtype)
-          states = [util.LSTMStateTuple(tf.zeros([3, 5], dtype),
-                                        tf.zeros([3, 5], dtype))] * 2
+          states = [LSTMStateTuple(tf.zeros([3, 5], dtype),
+                                   tf.zeros([3, 5], dtype))] * 2
           lstm.lstm_stack(BLOCK, x, states, [tf.zeros([10, 20], dtype)] * 2,
                           [tf.zeros([20], dtype)] * 2, chunk=chunk)
         self.assertEqual(_count_ops(graph, "LstmCell"), 8 if fused else 0,
@@ -536,8 +535,7 @@ class ModelProductsTest(tf.test.TestCase):
       for name, dtype, shape, device, hidden, steps, wanted in cases:
         with tf.Graph().as_default(), tf.device(device):
           like = tf.compat.v1.placeholder(dtype, shape)
-          used = lstm_backward.recurrent_kernels(like, hidden,
-                                                 steps) is not None
+          used = lstm.recurrent_kernels(like, hidden, steps) is not None
         self.assertEqual(used, wanted, msg=name)
 
 
@@ -645,11 +643,11 @@ class LoadTest(tf.test.TestCase):
 
   def _assert_model_uses_tensorflow_ops(self):
     """The model, kernels wanted at any size, builds TensorFlow's ops only."""
-    with mock.patch.object(lstm_backward, "KERNEL_MIN_HIDDEN", 0), \
+    with mock.patch.object(lstm, "KERNEL_MIN_HIDDEN", 0), \
         tf.Graph().as_default() as graph:
       lstm.lstm_layer(
           BASIC, tf.zeros([3, 10, 4]),
-          util.LSTMStateTuple(tf.zeros([10, 4]), tf.zeros([10, 4])),
+          LSTMStateTuple(tf.zeros([10, 4]), tf.zeros([10, 4])),
           tf.zeros([8, 16]), tf.zeros([16]))
       softmax.softmax_loss(tf.zeros([4, 3]), tf.zeros([3, 5]),
                                tf.zeros([5]), tf.zeros([4], tf.int32))

@@ -1,32 +1,283 @@
-"""The LSTM layer in its three modes, and the stack of layers.
+"""The LSTM's forward and backward passes in every mode, and the stack.
 
-BASIC builds the cell from matmul and elementwise ops; BLOCK runs a fused
-cell: the kernels' LstmCell after BASIC's products on the CPU,
-tf.raw_ops.BlockLSTM elsewhere. Both have the hand-written backward pass of
-lstm_backward.py. CUDNN runs one cuDNN call per layer (GPUs only). All take
-time-major inputs `[T, B, I]`, a state of `[B, H]` tensors and the
-canonical weights (kernel `[I + H, 4H]`, gates (i, j, f, o); bias `[4H]`),
-so one checkpoint serves every mode.
+Four paths; lstm_stack picks one from the rnn mode and the wavefront's
+chunk (wavefront.wavefront_chunk: 4 steps below hidden size 1024, else
+None):
+
+  BASIC wavefront       BASIC with a chunk (small, medium). basic_stack: all
+                        layers in one custom gradient; basic_forward chunk by
+                        chunk, layer l + 1 starting on a chunk as soon as
+                        layer l has it; backward from the top layer down,
+                        likewise a chunk at a time.
+  BASIC layer by layer  BASIC without a chunk (large). _lstm_basic_layer:
+                        one custom gradient per layer, basic_forward then
+                        backward.
+  BLOCK                 a fused cell. On the CPU in float32, where the
+                        kernels load: BASIC's path above (wavefront or layer
+                        by layer) with the kernels' LstmCell as the cell
+                        (_fused_cell). Elsewhere: _lstm_block_layer, the
+                        tf.raw_ops.BlockLSTM forward (block_lstm), then
+                        BASIC's backward. AUTO picks BLOCK on GPUs (BASIC on
+                        the CPU).
+  CUDNN                 _build_cudnn: one CudnnRNNV3 per layer and its
+                        registered gradient, on the canonical weights
+                        converted at every step (_cudnn_params). GPUs only:
+                        devices.check_devices refuses it without one.
+
+Every path runs on its tower's device: the CPU, or a GPU with --num_gpus.
+On the CPU, in float32, the per-step recurrent products of basic_forward
+(BASIC, and BLOCK there) and of backward run on the kernels of
+ptb/kernels.py from hidden size 512, batch 8 and 8 steps on
+(recurrent_kernels); elsewhere, or where the kernels cannot be loaded, on
+tf.matmul.
+
+The forward passes keep every step's activations in the layout of
+BlockLSTM's outputs, so that one hand-written backward pass serves BASIC
+and BLOCK: the recurrence step by step with the fused LSTMBlockCellGrad,
+then the weight gradient as ONE matmul over all steps (BlockLSTMGrad does a
+small one per step, which is slow on the CPU).
+
+All paths take time-major inputs `[T, B, I]`, a state of `[B, H]` tensors
+and the canonical weights: kernel `[I + H, 4H]` with gate blocks (input,
+candidate, forget, output), bias `[4H]`; one checkpoint serves every mode.
 """
 
 import tensorflow as tf
 
-from ptb import kernels
-from ptb import lstm_backward
+from ptb import kernels as kernels_lib
+from ptb import low_rank_update
 from ptb import wavefront
 from ptb.config import BASIC, BLOCK, CUDNN
-import util
+from ptb.state import LSTMStateTuple
+
+# The kernels (ptb/kernels.py) do the per-step recurrent products from this
+# hidden size and batch on. Below, the products fit in the L2 cache and
+# oneDNN is as fast, so packing the weights is pure cost (small, hidden 200,
+# trained 2-5 % slower with them); with batch 1 (the test pass) the packing
+# would be repeated at every call for products of one row. Packing reads
+# and writes the weights once per pass, so it pays only over enough steps.
+KERNEL_MIN_HIDDEN = 512
+KERNEL_MIN_BATCH = 8
+KERNEL_MIN_STEPS = 8
+
+
+def recurrent_kernels(like, hidden, steps):
+  """The kernels' op library for a layer, or None to use tf.matmul.
+
+  Args:
+    like: a `[B, ...]` tensor of the layer, built on its tower's device.
+    hidden: the layer's hidden size.
+    steps: the products of one pass (time steps) that share the packing.
+  """
+  if (hidden < KERNEL_MIN_HIDDEN or (like.shape[0] or 0) < KERNEL_MIN_BATCH
+      or steps < KERNEL_MIN_STEPS):
+    return None
+  return kernels_lib.cpu_kernels(like)
+
+
+def _forward_product(w_h, like, steps):
+  """The forward step's product: a function (h, x) -> h @ w_h + x.
+
+  Args:
+    w_h: `[H, 4H]` recurrent weights.
+    like: a `[B, ...]` tensor of the layer, on its tower's device.
+    steps: the time steps of the pass.
+
+  Returns:
+    A function of h `[B, H]` and x `[B, 4H]` returning `[B, 4H]`.
+  """
+  library = recurrent_kernels(like, w_h.shape[0], steps)
+  if library is None:
+    return lambda h, x: tf.matmul(h, w_h) + x
+  panels = library.pack_panels(w_h, transpose=False)
+  return lambda h, x: library.panel_mat_mul(h, panels, x)
+
+
+def _backward_product(w_h, like, steps):
+  """The backward step's product: a function d_gates -> d_gates @ w_h^T.
+
+  The arguments are _forward_product's; the function takes d_gates
+  `[B, 4H]` and returns `[B, H]`.
+  """
+  library = recurrent_kernels(like, w_h.shape[0], steps)
+  if library is not None:
+    panels = library.pack_panels(w_h, transpose=True)
+    zeros = tf.zeros([like.shape[0], w_h.shape[0]], w_h.dtype)
+    return lambda d_gates: library.panel_mat_mul(d_gates, panels, zeros)
+  if steps < KERNEL_MIN_STEPS:
+    # Too few products to pay for a transposed copy either.
+    return lambda d_gates: tf.matmul(d_gates, w_h, transpose_b=True)
+  # w_h transposed once, so that the per-step product needs no transpose_b
+  # (faster per step). Grappler would fold a Transpose that feeds a MatMul
+  # back into transpose_b=True; the Snapshot between them (it forwards its
+  # input's buffer, no copy) keeps it. Only w_h: a transposed copy of the
+  # whole kernel would stay alive through the step and cost memory.
+  w_h_t = tf.raw_ops.Snapshot(input=tf.transpose(w_h))
+  return lambda d_gates: tf.matmul(d_gates, w_h_t)
+
+
+def split_kernel(kernel, input_size):
+  """The input rows `[I, 4H]` and the recurrent rows `[H, 4H]` of a kernel.
+
+  Split as one flat vector, so that the pieces are views of the kernel:
+  TensorFlow splits along dim 0 without a copy when each piece starts on a
+  64-byte boundary, but for a 2-D tensor it checks that through the row
+  size alone, and rows of 2,600 floats (medium) are not a multiple of 16
+  floats although the pieces do start on a boundary. In 1-D the pieces' own
+  offsets are checked.
+  """
+  rows, cols = kernel.shape
+  w_x, w_h = tf.split(tf.reshape(kernel, [-1]),
+                      [input_size * cols, (rows - input_size) * cols])
+  return (tf.reshape(w_x, [input_size, cols]),
+          tf.reshape(w_h, [rows - input_size, cols]))
+
+
+def ops_cell(gates, c):
+  """The cell's elementwise part from core ops (BASIC's cell).
+
+  Args:
+    gates: `[B, 4H]`, the products and the bias (blocks i, j, f, o).
+    c: `[B, H]`, the previous cell state.
+
+  Returns:
+    (i, cs, f, o, ci, co, h), each `[B, H]`, as BlockLSTM names them.
+  """
+  i, j, f, o = tf.split(gates, 4, axis=1)
+  i, ci, f, o = tf.sigmoid(i), tf.tanh(j), tf.sigmoid(f), tf.sigmoid(o)
+  cs = f * c + i * ci
+  co = tf.tanh(cs)
+  return i, cs, f, o, ci, co, o * co
+
+
+def _fused_cell(like):
+  """BLOCK's cell for work like `like`: the kernels' LstmCell, or None.
+
+  The kernels' fused cell runs after BASIC's products: BlockLSTM's CPU
+  kernel does one Eigen product of [x_t, h] per step, and trained slower
+  than BASIC in every config (docs/model.md).
+  """
+  library = kernels_lib.cpu_kernels(like)
+  return library.lstm_cell if library is not None else None
+
+
+def basic_forward(x, c, h, kernel, bias, cell=ops_cell):
+  """Forward pass from products and a cell, keeping what backward needs.
+
+  Args:
+    x: `[T, B, I]` inputs, or a list of time blocks `[C, B, I]`: the
+      steps of a block wait only for that block's inputs.
+    c, h: `[B, H]` initial state.
+    kernel, bias: the canonical weights.
+    cell: the elementwise part, as ops_cell: ops_cell (BASIC) or the
+      kernels' fused lstm_cell (BLOCK on the CPU).
+
+  Returns:
+    (outputs: a list of T `[B, H]` tensors, per-step activations: a dict of
+    lists of T `[B, H]` tensors under "i", "cs", "f", "o", "ci", "co" as
+    BlockLSTM names them, and "c_prev", "h_prev").
+  """
+  blocks = wavefront.split_time(x)
+  input_size = blocks[0].shape[2]
+  w_x, w_h = split_kernel(kernel, input_size)
+  acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
+                          "h_prev")}
+  outputs = []
+  product = _forward_product(w_h, h, sum(b.shape[0] for b in blocks))
+  for block in blocks:
+    # One large matmul for the input projection of a block of steps, with
+    # the bias; only the recurrent product h @ w_h has to wait for the
+    # previous step. The bias is not added per step: Grappler would fuse
+    # MatMul, BiasAdd and Add into one oneDNN op that first copies its
+    # addend into the output, a reorder at every step.
+    for x_t in tf.unstack(tf.nn.bias_add(tf.tensordot(block, w_x, 1), bias)):
+      acts["c_prev"].append(c)
+      acts["h_prev"].append(h)
+      step = cell(product(h, x_t), c)
+      for k, v in zip(("i", "cs", "f", "o", "ci", "co"), step):
+        acts[k].append(v)
+      c, h = step[1], step[6]
+      outputs.append(h)
+  return outputs, acts
+
+
+def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
+  """Backward pass of one LSTM layer, batched over time where it can be.
+
+  The recurrence runs step by step with the fused elementwise gradient
+  kernel LSTMBlockCellGrad (canonical gate layout) and one matmul per step
+  for the recurrent input. The weight gradient is then ONE matmul over all
+  time steps, and the input gradient one per block, instead of a small one
+  per step (what BlockLSTMGrad does, and why it is slow on the CPU).
+
+  Args:
+    x: `[T, B, I]` layer inputs, or a list of time blocks `[C, B, I]`: the
+      layer below can start on a block's input gradient while this layer
+      works on the earlier steps.
+    kernel, bias: the canonical weights.
+    acts: per-step activations, as basic_forward returns them.
+    d_outputs: None, `[T, B, H]`, or a list of blocks like x's.
+    d_c, d_h: `[B, H]` or None.
+
+  Returns:
+    (d_x: a list of blocks `[C, B, I]` like x's, d_c0, d_h0, d_kernel,
+    d_bias).
+  """
+  blocks = wavefront.split_time(x)
+  sizes = [b.shape[0] for b in blocks]
+  input_size = blocks[0].shape[2]
+  hidden = kernel.shape[1] // 4
+  w_x, w_h = split_kernel(kernel, input_size)
+  product = _backward_product(w_h, acts["cs"][-1], sum(sizes))
+  zeros_h = tf.zeros([hidden], kernel.dtype)
+  d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
+  d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
+  if d_outputs is None:
+    d_out_blocks = [None] * len(blocks)
+  elif tf.is_tensor(d_outputs) and len(blocks) > 1:
+    d_out_blocks = tf.split(d_outputs, sizes)
+  else:
+    d_out_blocks = wavefront.split_time(d_outputs)
+  gate_blocks, d_x = [None] * len(blocks), [None] * len(blocks)
+  end = sum(sizes)
+  for k in reversed(range(len(blocks))):
+    start = end - sizes[k]
+    x_steps = tf.unstack(blocks[k])
+    d_out = (tf.unstack(d_out_blocks[k]) if d_out_blocks[k] is not None
+             else None)
+    d_gates = [None] * sizes[k]
+    for s in reversed(range(sizes[k])):
+      t = start + s
+      if d_out is not None:
+        d_h = d_h + d_out[s]
+      step = {n: acts[n][t] for n in ("i", "cs", "f", "o", "ci", "co")}
+      d_c, d_gates[s], _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
+          x=x_steps[s], cs_prev=acts["c_prev"][t], h_prev=acts["h_prev"][t],
+          w=kernel, wci=zeros_h, wcf=zeros_h, wco=zeros_h, b=bias,
+          cs_grad=d_c, h_grad=d_h, use_peephole=False, **step)
+      d_h = product(d_gates[s])
+    gate_blocks[k] = tf.stack(d_gates)                       # [C, B, 4H]
+    d_x[k] = tf.tensordot(gate_blocks[k], w_x, [[2], [1]])
+    end = start
+  flat_g = tf.reshape(wavefront.join_time(gate_blocks),
+                      [-1, 4 * hidden])                       # [T*B, 4H]
+  xh = tf.concat([wavefront.join_time(blocks), tf.stack(acts["h_prev"])],
+                 2)                                           # [T, B, I+H]
+  flat_xh = tf.reshape(xh, [-1, input_size + hidden])
+  d_kernel = low_rank_update.record(
+      tf.matmul(flat_xh, flat_g, transpose_a=True), flat_xh, flat_g)
+  d_bias = tf.reduce_sum(flat_g, 0)
+  return d_x, d_c, d_h, d_kernel, d_bias
 
 
 @tf.custom_gradient
 def _lstm_basic_layer(x, c0, h0, kernel, bias):
-  """BASIC: the cell from matmul and elementwise ops; lstm_backward.backward."""
-  outputs, acts = lstm_backward.basic_forward(x, c0, h0, kernel, bias)
+  """BASIC layer by layer: basic_forward, then backward."""
+  outputs, acts = basic_forward(x, c0, h0, kernel, bias)
 
   def grad(d_outputs, d_c, d_h):
-    d_x, *rest = lstm_backward.backward(x, kernel, bias, acts, d_outputs,
-                                        d_c, d_h)
-    return [lstm_backward.join_time(d_x)] + rest
+    d_x, *rest = backward(x, kernel, bias, acts, d_outputs, d_c, d_h)
+    return [wavefront.join_time(d_x)] + rest
 
   return (tf.stack(outputs), acts["cs"][-1], outputs[-1]), grad
 
@@ -43,24 +294,15 @@ def block_lstm(x, c0, h0, kernel, bias):
       forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
 
 
-def _fused_cell(like):
-  """The kernels' fused cell (LstmCell) for work like `like`, or None."""
-  library = kernels.cpu_kernels(like)
-  return library.lstm_cell if library is not None else None
-
-
 def _block_forward(x, c0, h0, kernel, bias):
   """BLOCK's forward pass: (outputs `[T, B, H]`, per-step activations).
 
-  On the CPU, with the kernels: BASIC's products (the inputs of all steps
-  in one, then h @ w_h per step) and the kernels' fused cell (LstmCell).
-  BlockLSTM's CPU kernel does one Eigen product of [x_t, h] per step, and
-  trained slower than BASIC in every config. Elsewhere (GPUs, fp16, no
-  kernels): BlockLSTM.
+  BASIC's products and the kernels' fused cell where they load (the CPU,
+  float32), else tf.raw_ops.BlockLSTM.
   """
   cell = _fused_cell(x)
   if cell is not None:
-    outputs, acts = lstm_backward.basic_forward(x, c0, h0, kernel, bias, cell)
+    outputs, acts = basic_forward(x, c0, h0, kernel, bias, cell)
     return tf.stack(outputs), acts
   outputs = block_lstm(x, c0, h0, kernel, bias)
   acts = {k: tf.unstack(v) for k, v in
@@ -73,31 +315,134 @@ def _block_forward(x, c0, h0, kernel, bias):
 
 @tf.custom_gradient
 def _lstm_block_layer(x, c0, h0, kernel, bias):
-  """BLOCK: a fused cell forward (_block_forward); lstm_backward.backward.
+  """BLOCK: a fused cell's forward (_block_forward), then backward.
 
   BlockLSTM's registered gradient (BlockLSTMGrad) computes the weight
-  gradient as one small matmul per step; lstm_backward.backward gives the
-  same numbers (tests compare them) faster on the CPU: the small model
-  trains 1.6x faster with it.
+  gradient as one small matmul per step; backward gives the same numbers
+  (tests compare them) faster on the CPU.
   """
   h, acts = _block_forward(x, c0, h0, kernel, bias)
 
   def grad(d_outputs, d_c, d_h):
-    d_x, *rest = lstm_backward.backward(x, kernel, bias, acts, d_outputs,
-                                        d_c, d_h)
-    return [lstm_backward.join_time(d_x)] + rest
+    d_x, *rest = backward(x, kernel, bias, acts, d_outputs, d_c, d_h)
+    return [wavefront.join_time(d_x)] + rest
 
   return (h, acts["cs"][-1], h[-1]), grad
 
 
-def _build_basic(x, state, kernel, bias):
-  outputs, c, h = _lstm_basic_layer(x, state.c, state.h, kernel, bias)
-  return outputs, util.LSTMStateTuple(c, h)
+def basic_stack(x, states, kernels, biases, masks, chunk, cell=ops_cell):
+  """BASIC wavefront: all layers in one custom gradient, chunk by chunk.
+
+  A custom gradient per layer could not overlap the layers: its inputs and
+  outputs are whole sequences (wavefront.py says why they overlap).
+
+  Args:
+    x: `[T, B, I]` inputs of the first layer.
+    states: one LSTMStateTuple of `[B, H]` tensors per layer.
+    kernels, biases: one canonical kernel and bias per layer.
+    masks: None or one `[T, B, H]` dropout mask per layer but the last.
+    chunk: steps per chunk.
+    cell: the cell's elementwise part (basic_forward's): BASIC's ops_cell,
+      or BLOCK's fused cell.
+
+  Returns:
+    (outputs of the last layer `[T, B, H]`, list of final LSTMStateTuple).
+  """
+  num_layers = len(kernels)
+  masks = list(masks) if masks else []
+
+  @tf.custom_gradient
+  def stack(x, *args):
+    # The weights come in as arguments, not from the enclosing scope, so
+    # that the custom gradient returns their gradients.
+    c0s, h0s, ks, bs = (args[k * num_layers:(k + 1) * num_layers]
+                        for k in range(4))
+    mask_blocks = [wavefront.split_time(m, chunk)
+                   for m in args[4 * num_layers:]]
+    inputs = wavefront.split_time(x, chunk)
+    layer_inputs, layer_acts, finals = [], [], []
+    sizes = [b.shape[0] for b in inputs]
+    for l in range(num_layers):
+      layer_inputs.append(inputs)
+      outputs, acts = basic_forward(inputs, c0s[l], h0s[l], ks[l], bs[l],
+                                    cell)
+      layer_acts.append(acts)
+      finals.append((acts["cs"][-1], outputs[-1]))
+      if l < num_layers - 1:
+        inputs = wavefront.regroup(outputs, sizes)
+        if mask_blocks:
+          inputs = [b * m for b, m in zip(inputs, mask_blocks[l])]
+
+    def grad(d_outputs, *d_states):
+      d_cs, d_hs = d_states[:num_layers], d_states[num_layers:]
+      d_c0s, d_h0s = [None] * num_layers, [None] * num_layers
+      d_ks, d_bs = [None] * num_layers, [None] * num_layers
+      d_out = wavefront.split_time(d_outputs, chunk)
+      for l in reversed(range(num_layers)):
+        d_out, d_c0s[l], d_h0s[l], d_ks[l], d_bs[l] = backward(
+            layer_inputs[l], ks[l], bs[l], layer_acts[l], d_out, d_cs[l],
+            d_hs[l])
+        if mask_blocks and l > 0:
+          d_out = [d * m for d, m in zip(d_out, mask_blocks[l - 1])]
+      return ([wavefront.join_time(d_out)] + d_c0s + d_h0s + d_ks + d_bs +
+              [None] * len(mask_blocks))
+
+    return ((tf.stack(outputs),) + tuple(c for c, _ in finals) +
+            tuple(h for _, h in finals)), grad
+
+  results = stack(x, *([s.c for s in states] + [s.h for s in states] +
+                       list(kernels) + list(biases) + masks))
+  return results[0], [LSTMStateTuple(c, h) for c, h in
+                      zip(results[1:1 + num_layers], results[1 + num_layers:])]
 
 
-def _build_block(x, state, kernel, bias):
-  outputs, c, h = _lstm_block_layer(x, state.c, state.h, kernel, bias)
-  return outputs, util.LSTMStateTuple(c, h)
+# cuDNN orders an LSTM's gates (input, forget, candidate, output); the
+# canonical kernel orders them (input, candidate, forget, output).
+_CUDNN_FROM_CANONICAL = (0, 2, 1, 3)
+
+
+def canonical_to_cudnn(kernel, bias, input_size):
+  """Converts canonical LSTM weights to cuDNN's canonical lists.
+
+  Plain reshape/split/transpose/concat ops, so the conversion runs (and is
+  tested) on any device.
+
+  Args:
+    kernel: `[input_size + hidden, 4 * hidden]`, gate blocks (i, j, f, o).
+    bias: `[4 * hidden]`, same blocks.
+    input_size: rows of the kernel that multiply the layer input.
+
+  Returns:
+    (weights, biases): 8 matrices `[hidden, input_size]` (input weights
+    W_i, W_f, W_c, W_o) and `[hidden, hidden]` (recurrent weights R_i, R_f,
+    R_c, R_o), and 8 vectors `[hidden]`: the input biases in cuDNN order, then
+    four zero recurrent biases (cuDNN adds both; the model has one).
+  """
+  def reorder(blocks):
+    return [blocks[k] for k in _CUDNN_FROM_CANONICAL]
+
+  w_x = reorder(tf.split(kernel[:input_size], 4, axis=1))
+  w_h = reorder(tf.split(kernel[input_size:], 4, axis=1))
+  weights = [tf.transpose(w) for w in w_x + w_h]
+  b = reorder(tf.split(bias, 4))
+  return weights, b + [tf.zeros_like(b[0])] * 4
+
+
+def cudnn_to_canonical(weights, biases):
+  """Inverse of canonical_to_cudnn: returns (kernel, bias).
+
+  The two cuDNN bias vectors of each gate are added into the one canonical
+  bias, so converting there and back is exact.
+  """
+  def canonical(blocks):
+    return [blocks[_CUDNN_FROM_CANONICAL.index(k)] for k in range(4)]
+
+  w_x = canonical([tf.transpose(w) for w in weights[:4]])
+  w_h = canonical([tf.transpose(w) for w in weights[4:]])
+  kernel = tf.concat([tf.concat(w_x, 1), tf.concat(w_h, 1)], 0)
+  bias = tf.concat(canonical([a + b for a, b in zip(biases[:4], biases[4:])]),
+                   0)
+  return kernel, bias
 
 
 def _cudnn_params(kernel, bias, input_size, hidden):
@@ -111,7 +456,7 @@ def _cudnn_params(kernel, bias, input_size, hidden):
   attrs = dict(num_layers=1, num_units=hidden, input_size=input_size,
                rnn_mode="lstm", input_mode="linear_input",
                direction="unidirectional")
-  weights, biases = util.canonical_to_cudnn(kernel, bias, input_size)
+  weights, biases = canonical_to_cudnn(kernel, bias, input_size)
 
   @tf.custom_gradient
   def to_params(*canonical):
@@ -128,6 +473,16 @@ def _cudnn_params(kernel, bias, input_size, hidden):
   return to_params(*(weights + biases))
 
 
+def _build_basic(x, state, kernel, bias):
+  outputs, c, h = _lstm_basic_layer(x, state.c, state.h, kernel, bias)
+  return outputs, LSTMStateTuple(c, h)
+
+
+def _build_block(x, state, kernel, bias):
+  outputs, c, h = _lstm_block_layer(x, state.c, state.h, kernel, bias)
+  return outputs, LSTMStateTuple(c, h)
+
+
 def _build_cudnn(x, state, kernel, bias):
   num_steps, batch, input_size = x.shape
   hidden = state.h.shape[1]
@@ -139,7 +494,7 @@ def _build_cudnn(x, state, kernel, bias):
       sequence_lengths=tf.fill([batch], num_steps), rnn_mode="lstm",
       input_mode="linear_input", direction="unidirectional", dropout=0.0,
       is_training=True, time_major=True)
-  return outputs, util.LSTMStateTuple(c[0], h[0])
+  return outputs, LSTMStateTuple(c[0], h[0])
 
 
 _LAYER_BUILDERS = {BASIC: _build_basic, BLOCK: _build_block,
@@ -172,17 +527,16 @@ def lstm_stack(rnn_mode, x, states, kernels, biases, masks=None, chunk=None):
     kernels, biases: one canonical kernel and bias per layer.
     masks: None, or one `[T, B, H]` dropout mask (0 or 1 / keep_prob) per
       layer but the last, applied to that layer's outputs.
-    chunk: the steps per chunk of the wavefront (wavefront.py), for BASIC
-      and for BLOCK where its fused cell is the kernels'.
+    chunk: the steps per chunk of the wavefront (basic_stack), for BASIC
+      and for BLOCK where its cell is the kernels'.
 
   Returns:
     (outputs of the last layer `[T, B, H]`, list of final LSTMStateTuple).
   """
-  cell = (lstm_backward.ops_cell if rnn_mode == BASIC else
+  cell = (ops_cell if rnn_mode == BASIC else
           _fused_cell(x) if rnn_mode == BLOCK else None)
   if chunk and cell is not None:
-    return wavefront.basic_stack(x, states, kernels, biases, masks, chunk,
-                                 cell)
+    return basic_stack(x, states, kernels, biases, masks, chunk, cell)
   finals = []
   for l, (state, kernel, bias) in enumerate(zip(states, kernels, biases)):
     x, state = lstm_layer(rnn_mode, x, state, kernel, bias)

@@ -6,10 +6,9 @@ import numpy as np
 import tensorflow as tf
 
 from ptb import lstm
-from ptb import lstm_backward
 from ptb.config import BASIC, BLOCK
+from ptb.state import LSTMStateTuple
 from ptb.testing import reference_lstm
-import util
 
 
 # BlockLSTM with TensorFlow's registered gradient (BlockLSTMGrad): an
@@ -26,14 +25,14 @@ def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
   x, c0, h0, kernel, bias, dy, dc, dh = (tf.constant(v, dtype) for v in inputs)
   if rnn_mode == REGISTERED:
     block = lstm.block_lstm(x, c0, h0, kernel, bias)
-    outputs, state = block[6], util.LSTMStateTuple(block[1][-1], block[6][-1])
+    outputs, state = block[6], LSTMStateTuple(block[1][-1], block[6][-1])
   elif rnn_mode == BLOCK_OP:
     with mock.patch.object(lstm, "_fused_cell", return_value=None):
       outputs, state = lstm.lstm_layer(
-          BLOCK, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+          BLOCK, x, LSTMStateTuple(c0, h0), kernel, bias)
   else:
     outputs, state = lstm.lstm_layer(
-        rnn_mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+        rnn_mode, x, LSTMStateTuple(c0, h0), kernel, bias)
   # A loss that weighs every output and the final state differently.
   loss = (tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c * dc) +
           tf.reduce_sum(state.h * dh))
@@ -100,7 +99,7 @@ class LstmLayerTest(tf.test.TestCase):
                                    for v in inputs[:5])
         dy = tf.constant(inputs[5], tf.float32)
         outputs, state = lstm.lstm_layer(
-            mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+            mode, x, LSTMStateTuple(c0, h0), kernel, bias)
         loss = tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c)
         for var in (x, c0, h0, kernel, bias):
           err = tf.compat.v1.test.compute_gradient_error(
@@ -121,12 +120,12 @@ class LstmLayerTest(tf.test.TestCase):
     for mode, min_steps, want in ((BASIC, 0, [[20, 5]]), (BLOCK, 0, [[20, 5]]),
                                   (BASIC, 10**9, []), (BLOCK, 10**9, [])):
       with tf.Graph().as_default(), tf.compat.v1.Session() as sess, \
-          mock.patch.object(lstm_backward, "KERNEL_MIN_STEPS", min_steps):
+          mock.patch.object(lstm, "KERNEL_MIN_STEPS", min_steps):
         feeds = [tf.compat.v1.placeholder(tf.float32, v.shape)
                  for v in inputs]
         x, c0, h0, kernel, bias, dy, _, _ = feeds
         outputs, _ = lstm.lstm_layer(
-            mode, x, util.LSTMStateTuple(c0, h0), kernel, bias)
+            mode, x, LSTMStateTuple(c0, h0), kernel, bias)
         grads = tf.compat.v1.gradients(outputs, [x, kernel], grad_ys=dy)
         metadata = tf.compat.v1.RunMetadata()
         sess.run(grads, feed_dict=dict(zip(feeds, inputs)),
@@ -155,7 +154,7 @@ class LstmLayerTest(tf.test.TestCase):
     read through DLPack: numpy() would copy.
     """
     kernel = tf.reshape(tf.range(1300 * 2600, dtype=tf.float32), [1300, 2600])
-    w_x, w_h = lstm_backward.split_kernel(kernel, 650)
+    w_x, w_h = lstm.split_kernel(kernel, 650)
     self.assertAllEqual(w_x, kernel[:650])
     self.assertAllEqual(w_h, kernel[650:])
     base = buffer_address(kernel)
@@ -173,7 +172,7 @@ class LstmStackTest(tf.test.TestCase):
     x, states, kernels, biases, masks, dy, d_states = values
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
       x = tf.constant(x)
-      states = [util.LSTMStateTuple(tf.constant(c), tf.constant(h))
+      states = [LSTMStateTuple(tf.constant(c), tf.constant(h))
                 for c, h in states]
       kernels = [tf.constant(k) for k in kernels]
       biases = [tf.constant(b) for b in biases]

@@ -1,0 +1,42 @@
+"""What a process carries from one step to the next: LSTM state, local variables.
+
+The LSTM's final state of a step is the initial state of the next. It is
+kept in one local variable per tower, packed as `[layers, 2, batch, hidden]`;
+the data position and the synchronous step counter are local variables too.
+Both util.py and the modules of ptb/ use these, so they live here.
+"""
+
+import collections
+
+import tensorflow as tf
+
+# One layer's LSTM state, as in the original tutorial: c is the cell, h the
+# output. Both are `[batch_size, hidden_size]`.
+LSTMStateTuple = collections.namedtuple("LSTMStateTuple", ("c", "h"))
+
+
+def pack_state(state):
+  """Packs a tuple of LSTMStateTuple into one `[layers, 2, batch, hidden]`."""
+  return tf.stack([tf.stack([s.c, s.h]) for s in state])
+
+
+def unpack_state(packed, num_layers):
+  """Inverse of pack_state."""
+  return tuple(LSTMStateTuple(packed[i, 0], packed[i, 1])
+               for i in range(num_layers))
+
+
+def local_variable(initial_value, name):
+  """A non-trainable variable that stays on the device of the current scope.
+
+  Local variables (LSTM state, data position) belong to one process. Under a
+  replica_device_setter every variable would go to a parameter server;
+  colocating with an op created here keeps them on this worker, as
+  SyncReplicasOptimizer does for its local step. They are in
+  LOCAL_VARIABLES, so the default Saver and global initialiser skip them.
+  """
+  anchor = tf.no_op(name=name + "_anchor")
+  with tf.compat.v1.colocate_with(anchor):
+    return tf.compat.v1.Variable(
+        initial_value, trainable=False, name=name,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
