@@ -231,10 +231,17 @@ class PTBInput(object):
 
 class Params(collections.namedtuple(
     "Params", ("embedding", "kernels", "biases", "softmax_w", "softmax_b"))):
-  """The model's weights: kernels and biases hold one variable per layer."""
+  """The model's weights.
+
+  Attributes:
+    embedding: `[vocab, hidden]`.
+    kernels, biases: one per layer, `[2 * hidden, 4 * hidden]` and
+      `[4 * hidden]`.
+    softmax_w, softmax_b: `[hidden, vocab]` and `[vocab]`.
+  """
 
   def as_list(self):
-    """The variables in their creation order, that of the gradients."""
+    """The variables in their creation order, the gradients' order."""
     layers = [v for pair in zip(self.kernels, self.biases) for v in pair]
     return [self.embedding] + layers + [self.softmax_w, self.softmax_b]
 
@@ -282,6 +289,7 @@ class PTBModel(object):
             tf.float32, shape=[], name="new_learning_rate")
         self._lr_update = tf.compat.v1.assign(self._lr, self._new_lr)
 
+    variables = params.as_list()
     rows = zip(*(util.split_rows(t, len(devices)) for t in (
         input_.input_data, input_.targets, input_.weights)))
     costs, tower_grads, self._states = [], [], []
@@ -292,7 +300,7 @@ class PTBModel(object):
         self._states.append(state)
         if is_training:
           tower_grads.append(tf.compat.v1.gradients(
-              cost, params.as_list(), colocate_gradients_with_ops=True))
+              cost, variables, colocate_gradients_with_ops=True))
     # The towers' average cost is the cost of one tower with all their rows.
     self._cost = costs[0] if len(costs) == 1 else tf.add_n(costs) / len(costs)
 
@@ -304,19 +312,20 @@ class PTBModel(object):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         if replica[1] > 1:
           self._train_op = util.synchronous_update(
-              zip(grads, params.as_list()), optimizer, global_step, *replica)
+              zip(grads, variables), optimizer, global_step, *replica)
         else:
           self._train_op = optimizer.apply_gradients(
-              zip(grads, params.as_list()), global_step=global_step)
+              zip(grads, variables), global_step=global_step)
       done = [self._train_op]
     # The state is stored only after the step has used the old one.
     with tf.control_dependencies(done):
       self._update_state = tf.group(
           *[s.variable.assign(util.pack_state(s.final)) for s in self._states])
-    self._reset_state = tf.group(*[s.variable.initializer for s in self._states])
+    self._reset_state = tf.group(
+        *[s.variable.initializer for s in self._states])
 
   def _create_variables(self, config, dtype):
-    """Creates the shared weights, in the order of their checkpoint names."""
+    """Creates the shared weights: the embedding, each layer's, the softmax."""
     size, vocab = config.hidden_size, config.vocab_size
     embedding = tf.compat.v1.get_variable("embedding", [vocab, size], dtype)
     kernels, biases = [], []
