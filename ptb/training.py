@@ -285,8 +285,12 @@ class Checkpoints(object):
 
 
 class EpochLog(object):
-  """What each finished epoch leaves: its record in the summary, a
-  checkpoint (or the summary alone without one), TensorBoard scalars."""
+  """What each finished epoch leaves behind.
+
+  Its record in the summary, then a checkpoint (which rewrites the summary;
+  without checkpoints, the summary is rewritten alone), and its TensorBoard
+  scalars.
+  """
 
   def __init__(self, summary, checkpoints, watch, num_steps, workers=1):
     """Records epochs; with checkpoints, creates the TensorBoard file.
