@@ -36,6 +36,7 @@ This port runs on current TensorFlow (graph mode through tf.compat.v1) with
 only tensorflow, numpy and absl-py.
 """
 
+import collections
 import copy
 import os
 import sys
@@ -66,11 +67,14 @@ from ptb import extra_flags
 from ptb import lstm
 from ptb import outputs
 from ptb import softmax
+from ptb import summary as summary_lib
 from ptb import training
 from ptb import wavefront
 # The original's mode names, for the configs and the users of this module.
 from ptb.config import AUTO, BASIC, BLOCK, CUDNN
 from ptb.errors import UserError
+from ptb.watch import SignalCatcher
+from ptb.watch import Watch
 import reader
 import util
 
@@ -225,6 +229,30 @@ class PTBInput(object):
                self.epoch_size - call * self.steps_per_call)
 
 
+class Params(collections.namedtuple(
+    "Params", ("embedding", "kernels", "biases", "softmax_w", "softmax_b"))):
+  """The model's weights.
+
+  Attributes:
+    embedding: `[vocab, hidden]`.
+    kernels, biases: one per layer, `[2 * hidden, 4 * hidden]` and
+      `[4 * hidden]`.
+    softmax_w, softmax_b: `[hidden, vocab]` and `[vocab]`.
+  """
+
+  def as_list(self):
+    """The variables in their creation order, the gradients' order."""
+    layers = [v for pair in zip(self.kernels, self.biases) for v in pair]
+    return [self.embedding] + layers + [self.softmax_w, self.softmax_b]
+
+
+# One tower's LSTM state: the local variable that carries it from call to
+# call, the initial and the final state (tuples of LSTMStateTuple), and the
+# dropout masks (see PTBModel.dropout_masks).
+TowerState = collections.namedtuple(
+    "TowerState", ("variable", "initial", "final", "masks"))
+
+
 class PTBModel(object):
   """The PTB model.
 
@@ -261,6 +289,7 @@ class PTBModel(object):
             tf.float32, shape=[], name="new_learning_rate")
         self._lr_update = tf.compat.v1.assign(self._lr, self._new_lr)
 
+    variables = params.as_list()
     rows = zip(*(util.split_rows(t, len(devices)) for t in (
         input_.input_data, input_.targets, input_.weights)))
     costs, tower_grads, self._states = [], [], []
@@ -271,7 +300,7 @@ class PTBModel(object):
         self._states.append(state)
         if is_training:
           tower_grads.append(tf.compat.v1.gradients(
-              cost, params, colocate_gradients_with_ops=True))
+              cost, variables, colocate_gradients_with_ops=True))
     # The towers' average cost is the cost of one tower with all their rows.
     self._cost = costs[0] if len(costs) == 1 else tf.add_n(costs) / len(costs)
 
@@ -283,30 +312,31 @@ class PTBModel(object):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         if replica[1] > 1:
           self._train_op = util.synchronous_update(
-              zip(grads, params), optimizer, global_step, *replica)
+              zip(grads, variables), optimizer, global_step, *replica)
         else:
           self._train_op = optimizer.apply_gradients(
-              zip(grads, params), global_step=global_step)
+              zip(grads, variables), global_step=global_step)
       done = [self._train_op]
     # The state is stored only after the step has used the old one.
     with tf.control_dependencies(done):
       self._update_state = tf.group(
-          *[s["var"].assign(util.pack_state(s["final"])) for s in self._states])
+          *[s.variable.assign(util.pack_state(s.final)) for s in self._states])
     self._reset_state = tf.group(
-        *[s["var"].initializer for s in self._states])
+        *[s.variable.initializer for s in self._states])
 
   def _create_variables(self, config, dtype):
-    """Creates the shared weights; returns them in a fixed order."""
+    """Creates the shared weights: the embedding, each layer's, the softmax."""
     size, vocab = config.hidden_size, config.vocab_size
-    params = [tf.compat.v1.get_variable("embedding", [vocab, size], dtype)]
+    embedding = tf.compat.v1.get_variable("embedding", [vocab, size], dtype)
+    kernels, biases = [], []
     for layer in range(config.num_layers):
       with tf.compat.v1.variable_scope("RNN/cell_%d" % layer):
-        params.append(tf.compat.v1.get_variable(
+        kernels.append(tf.compat.v1.get_variable(
             "kernel", [2 * size, 4 * size], dtype))
-        params.append(tf.compat.v1.get_variable("bias", [4 * size], dtype))
-    params.append(tf.compat.v1.get_variable("softmax_w", [size, vocab], dtype))
-    params.append(tf.compat.v1.get_variable("softmax_b", [vocab], dtype))
-    return params
+        biases.append(tf.compat.v1.get_variable("bias", [4 * size], dtype))
+    softmax_w = tf.compat.v1.get_variable("softmax_w", [size, vocab], dtype)
+    softmax_b = tf.compat.v1.get_variable("softmax_b", [vocab], dtype)
+    return Params(embedding, kernels, biases, softmax_w, softmax_b)
 
   def _build_tower(self, input_data, targets, weights, params, config, dtype,
                    seed):
@@ -318,11 +348,9 @@ class PTBModel(object):
       seed: int64 `[2]`, this tower's dropout seed, or None (no dropout).
 
     Returns:
-      (cost, state) where cost is the sum over time of the batch-averaged
-      cross-entropy and state a dict with the state variable, the initial
-      and the final state.
+      (cost, state): the sum over time of the batch-averaged cross-entropy,
+      and the tower's TowerState.
     """
-    embedding, softmax_w, softmax_b = params[0], params[-2], params[-1]
     batch_size = input_data.shape[0]
     size, num_layers = config.hidden_size, config.num_layers
 
@@ -335,26 +363,26 @@ class PTBModel(object):
     initial_state = util.unpack_state(state_var.read_value(), num_layers)
 
     # Time-major from here on: [steps, batch, ...].
-    inputs = tf.nn.embedding_lookup(embedding, tf.transpose(input_data))
+    inputs = tf.nn.embedding_lookup(params.embedding, tf.transpose(input_data))
     # Dropout masks (dropout.py): the wavefront applies those between layers.
     masks = dropout.model_masks([input_data.shape[1], batch_size, size],
                                 config.keep_prob, num_layers, dtype, seed)
     if masks:
       inputs *= masks["input"]
     inputs, final_state = lstm.lstm_stack(
-        config.rnn_mode, inputs, initial_state, params[1:-2:2], params[2:-2:2],
+        config.rnn_mode, inputs, initial_state, params.kernels, params.biases,
         masks.get("layers"), chunk=wavefront.wavefront_chunk(size))
     if masks:
       inputs *= masks["output"]
 
     output = tf.reshape(inputs, [-1, size])
-    loss = softmax.softmax_loss(output, softmax_w, softmax_b,
-                        tf.reshape(tf.transpose(targets), [-1]))
+    loss = softmax.softmax_loss(output, params.softmax_w, params.softmax_b,
+                                tf.reshape(tf.transpose(targets), [-1]))
     if weights is not None:
       loss *= tf.reshape(tf.transpose(weights), [-1])
     cost = tf.reduce_sum(loss) / tf.cast(batch_size, tf.float32)
-    return cost, {"var": state_var, "initial": initial_state,
-                  "final": tuple(final_state), "dropout": masks}
+    return cost, TowerState(state_var, initial_state, tuple(final_state),
+                            masks)
 
   def assign_lr(self, session, lr_value):
     session.run(self._lr_update, feed_dict={self._new_lr: lr_value})
@@ -366,12 +394,12 @@ class PTBModel(object):
   @property
   def initial_state(self):
     """The first tower's initial state: a tuple of LSTMStateTuple."""
-    return self._states[0]["initial"]
+    return self._states[0].initial
 
   @property
   def final_state(self):
     """The first tower's final state: a tuple of LSTMStateTuple."""
-    return self._states[0]["final"]
+    return self._states[0].final
 
   @property
   def dropout_masks(self):
@@ -381,7 +409,7 @@ class PTBModel(object):
     its outputs) and "output" (before the softmax), each `[steps, batch,
     hidden]` of 0 and 1 / keep_prob, drawn anew at every session call.
     """
-    return self._states[0]["dropout"]
+    return self._states[0].masks
 
   @property
   def cost(self):
@@ -406,7 +434,7 @@ class PTBModel(object):
   @property
   def state_variables(self):
     """Each tower's `[layers, 2, batch, hidden]` LSTM state variable."""
-    return [s["var"] for s in self._states]
+    return [s.variable for s in self._states]
 
 
 def run_epoch(session, model, eval_op=None, verbose=False, start=None,
@@ -482,21 +510,24 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
                  replica=(0, 1)):
-  """The Train, Valid and Test models under "train", "valid" and "test".
+  """The Train, Valid and Test models, which share one set of variables.
 
-  They share one set of variables. Validation and test run `eval_unroll //
-  num_steps` consecutive windows per session call, unrolled in the graph
-  with the state carried inside: the same numbers in far fewer calls.
+  Validation and test run `eval_unroll // num_steps` consecutive windows per
+  session call, unrolled in the graph with the state carried inside: the
+  same numbers in far fewer calls.
+
+  Returns:
+    (m, mvalid, mtest), as the original names them.
   """
   train_data, valid_data, test_data = data
-  models = {"train": build_model("Train", True, config, train_data, devices,
-                                 use_fp16, replica=replica)}
+  models = [build_model("Train", True, config, train_data, devices, use_fp16,
+                        replica=replica)]
   for name, eval_cfg, ids in (("Valid", config, valid_data),
                               ("Test", eval_config, test_data)):
-    models[name.lower()] = build_model(
+    models.append(build_model(
         name, False, eval_cfg, ids, devices[:1], use_fp16,
-        max(1, eval_unroll // eval_cfg.num_steps), reuse=True)
-  return models
+        max(1, eval_unroll // eval_cfg.num_steps), reuse=True))
+  return tuple(models)
 
 
 def main(_):
@@ -519,31 +550,75 @@ def main(_):
                                       FLAGS.cpu_towers)
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
-  options = {"save_path": FLAGS.save_path, "use_fp16": FLAGS.use_fp16,
-             "intra_op_threads": FLAGS.intra_op_threads, "model": FLAGS.model,
-             "inter_op_threads": FLAGS.inter_op_threads,
-             "eval_unroll": FLAGS.eval_unroll, "seed": FLAGS.seed,
-             "save_every_steps": FLAGS.save_every_steps, "argv": sys.argv,
-             "summary_json": FLAGS.summary_json, "start_time": start_time,
-             "cluster": cluster, "cluster_timeout": FLAGS.cluster_timeout}
-  workers = len(cluster.worker_hosts) if cluster else 1
+  replica = training.replica(cluster)  # (this worker, workers)
   data = reader.load_data(
       data_lib.resolve(FLAGS.data_path), config.vocab_size,
-      (config.batch_size * len(devices) * workers, config.batch_size, 1),
+      (config.batch_size * len(devices) * replica[1], config.batch_size, 1),
       (config.num_steps, config.num_steps, 1))
   # Once the input is known to be good, and before anything is written: a
   # refused run (a lock held, a checkpoint this config cannot continue).
-  outputs.lock(FLAGS.save_path, not cluster or cluster_lib.is_chief(cluster))
-  options["resume"] = training.find_resume(FLAGS.save_path, config, devices,
-                                           cluster)
-  options["sampler"] = sampler = training.start_sampler(
-      FLAGS.memory_log, FLAGS.memory_interval, devices, FLAGS.save_path)
-  try:
-    training.TrainingRun(config, eval_config, data, devices, options,
-                         build_models, run_epoch).run()
-  finally:
-    if sampler is not None:
-      sampler.stop()
+  chief = training.is_chief(cluster)
+  outputs.lock(FLAGS.save_path, chief)
+  resume = training.find_resume(FLAGS.save_path, config, devices, cluster)
+  summary = summary_lib.Summary(FLAGS.summary_json, sys.argv, FLAGS.model,
+                                config, devices, start_time)
+  with training.memory_log(FLAGS.memory_log, FLAGS.memory_interval, devices,
+                           FLAGS.save_path) as sampler:
+    with tf.Graph().as_default() as graph, training.placement(cluster):
+      if FLAGS.seed is not None:
+        tf.compat.v1.set_random_seed(FLAGS.seed)
+      m, mvalid, mtest = build_models(config, eval_config, data, devices,
+                                      FLAGS.use_fp16, FLAGS.eval_unroll,
+                                      replica)
+      checkpoints = training.Checkpoints(
+          FLAGS.save_path, m, resume, summary,
+          training.run_record(config, devices, cluster), cluster,
+          FLAGS.cluster_timeout)
+      done = cluster_lib.done_ops(cluster) if cluster else []
+    with training.open_session(
+        graph, devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads,
+        cluster, FLAGS.cluster_timeout) as session, SignalCatcher() as signals:
+      watch = Watch(session, signals, checkpoints, m.input, sampler,
+                    FLAGS.save_every_steps, cluster)
+      first_epoch, start = checkpoints.initialize(session)
+      # Start-up is over; the library code it ran need not stay resident.
+      monitor.release_library_pages()
+      epochs = training.EpochLog(summary, checkpoints, watch, config.num_steps,
+                                 replica[1])
+      with training.summarize_failures(summary, watch.where, cluster,
+                                       FLAGS.cluster_timeout):
+        for i in range(first_epoch, config.max_max_epoch):
+          lr = training.epoch_learning_rate(config, i)
+          m.assign_lr(session, lr)
+          print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
+          train_perplexity = run_epoch(
+              session, m, eval_op=m.train_op, verbose=True, start=start,
+              on_step=watch.begin("train", i + 1, start))
+          print("Epoch: %d Train Perplexity: %.3f" % (i + 1, train_perplexity))
+          start = None
+          if not chief:
+            continue
+          if cluster:
+            print("Epoch: %d Cluster speed: %.0f wps"
+                  % (i + 1, epochs.train_wps()))
+          valid_perplexity = run_epoch(
+              session, mvalid, on_step=watch.begin("valid", i + 1))
+          print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
+          epochs.add(session, i + 1, lr, train_perplexity, valid_perplexity)
+        if chief:
+          test_perplexity = run_epoch(
+              session, mtest, on_step=watch.begin("test", config.max_max_epoch))
+      if chief:
+        print("Test Perplexity: %.3f" % test_perplexity)
+        summary.fields["test_perplexity"] = float(test_perplexity)
+      training.print_peak_memory(devices)
+      if checkpoints.saving:
+        print("Saving model to %s." % FLAGS.save_path)
+        checkpoints.write(session)
+      session.run(done)  # a cluster's ps tasks wait for every worker's
+      summary.publish("finished")
+      epochs.close()
+    checkpoints.check_saved()
 
 
 if __name__ == "__main__":

@@ -26,15 +26,16 @@ from ptb.testing import LEARNED_TEST_PERPLEXITY
 from ptb.testing import LEARNING_OVERRIDES
 from ptb.testing import TinyConfig
 from ptb.testing import assert_user_error
-from ptb.testing import build_tiny_model
-from ptb.testing import learning_config
 from ptb.testing import make_corpus
 from ptb.testing import make_structured_corpus
 from ptb.testing import reference_lstm
-from ptb.testing import run_options
 from ptb.testing import run_script
 from ptb.testing import unigram_perplexity
+from ptb.watch import Watch
 import ptb_word_lm
+from ptb_word_lm_testing import build_tiny_model
+from ptb_word_lm_testing import learning_config
+from ptb_word_lm_testing import run_in_process
 import reader
 import reader_test
 
@@ -126,8 +127,8 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
   """Trains `config` as main does, in this process.
 
   Returns:
-    (graph, session, models) with the trained weights; the caller closes
-    the session.
+    (graph, session, (m, mvalid, mtest)) with the trained weights; the
+    caller closes the session.
   """
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
@@ -139,7 +140,7 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
     session = tf.compat.v1.Session(graph=graph)
     session.run([tf.compat.v1.global_variables_initializer(),
                  tf.compat.v1.local_variables_initializer()])
-    train = models["train"]
+    train = models[0]
     for i in range(config.max_max_epoch):
       train.assign_lr(session, training.epoch_learning_rate(config, i))
       ptb_word_lm.run_epoch(session, train, eval_op=train.train_op)
@@ -159,7 +160,7 @@ class StructuredCorpusTest(tf.test.TestCase):
                                               (train, valid, test),
                                               eval_unroll=1)
     with graph.as_default(), session:
-      model = models["test"]
+      _, _, model = models
       carried = ptb_word_lm.run_epoch(session, model)
       lost = ptb_word_lm.run_epoch(
           session, model, on_step=lambda *_: session.run(model.reset_state))
@@ -266,7 +267,7 @@ class DropoutTest(tf.test.TestCase):
                    if v.op.name.startswith("dropout/")}
       self.assertCountEqual(seed_vars, ["dropout/key", "dropout/draws"])
       states = model._states  # pylint: disable=protected-access
-      towers = [s["dropout"] for s in states]
+      towers = [s.masks for s in states]
       with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         first, second = sess.run(towers), sess.run(towers)
@@ -521,33 +522,68 @@ class CommandLineTest(tf.test.TestCase):
       self.assertIn("Test Perplexity", out)
 
 
+def write_random_corpus(directory, sizes, vocab_size, seed=3):
+  """Writes the three PTB files as one line of random words each.
+
+  Valid and test draw only words of the training file, which the reader
+  would drop otherwise.
+
+  Args:
+    directory: where.
+    sizes: the ids of the train, valid and test files, <eos> included.
+    vocab_size: the words drawn from, <eos> included.
+    seed: the random seed.
+
+  Returns:
+    The directory.
+  """
+  rng = np.random.RandomState(seed)
+  train = rng.randint(0, vocab_size - 1, size=sizes[0] - 1)
+  files = [train] + [rng.choice(np.unique(train), size=n - 1)
+                     for n in sizes[1:]]
+  for name, words in zip(reader.FILE_NAMES, files):
+    with open(os.path.join(directory, name), "w") as f:
+      f.write(" ".join("w%d" % i for i in words) + "\n")
+  return directory
+
+
+def tiny_args(data, **changes):
+  """The command line of a run of TinyConfig with `changes` on `data`."""
+  fields = dict(num_layers=2, num_steps=5, hidden_size=8, batch_size=4,
+                vocab_size=TinyConfig.vocab_size, max_grad_norm=5)
+  fields.update(changes)
+  return ["--data_path=" + data, "--model=test", "--num_gpus=0",
+          "--rnn_mode=basic", "--seed=1", "--eval_unroll=4",
+          "--config_overrides=" + ",".join("%s=%s" % kv
+                                           for kv in fields.items())]
+
+
 class LibraryPagesTest(tf.test.TestCase):
 
   def testReleasedAfterStartupAndAfterEachGraphsFirstCall(self):
     # Two epochs: the training and validation graphs run twice, yet their
     # first calls are what ran code only once.
-    config = TinyConfig()
-    config.max_max_epoch = 2
-    eval_config = TinyConfig()
-    eval_config.batch_size = eval_config.num_steps = 1
-    rng = np.random.RandomState(3)
-    data = [list(rng.randint(0, config.vocab_size, size=n))
-            for n in (400, 60, 30)]
-    calls = []
+    watches, calls = [], []
+
+    class RecordingWatch(Watch):
+
+      def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        watches.append(self)
 
     def release():
-      calls.append(dict(run.where))
+      where = watches[-1].where
+      calls.append((where.phase, where.epoch, where.step))
       return 0.0
 
-    run = None
-    with mock.patch.object(monitor, "release_library_pages", release):
-      run = training.TrainingRun(
-          config, eval_config, data, ["/cpu:0"], run_options(eval_unroll=4),
-          ptb_word_lm.build_models, ptb_word_lm.run_epoch)
-      run.run()
-    self.assertEqual([(c["phase"], c["epoch"], c["step"]) for c in calls],
-                     [("startup", 0, 0), ("train", 1, 0), ("valid", 1, 0),
-                      ("test", 2, 0)])
+    with tempfile.TemporaryDirectory() as tmp, \
+        mock.patch.object(monitor, "release_library_pages", release), \
+        mock.patch.object(ptb_word_lm, "Watch", RecordingWatch):
+      _, err, stop = run_in_process(tiny_args(write_random_corpus(
+          tmp, (400, 60, 30), TinyConfig.vocab_size), max_max_epoch=2))
+    self.assertIsNone(stop, err)
+    self.assertEqual(calls, [("startup", 0, 0), ("train", 1, 0),
+                             ("valid", 1, 0), ("test", 2, 0)])
 
 
 class LearningRateScheduleTest(tf.test.TestCase):
@@ -558,11 +594,6 @@ class LearningRateScheduleTest(tf.test.TestCase):
     config = TinyConfig()
     config.max_epoch, config.max_max_epoch, config.lr_decay = 2, 5, 0.5
     config.max_grad_norm = 0.01
-    eval_config = copy.copy(config)
-    eval_config.batch_size = eval_config.num_steps = 1
-    rng = np.random.RandomState(3)
-    data = [list(rng.randint(0, config.vocab_size, size=n))
-            for n in (30, 30, 20)]
     moved = []
     real_run_epoch = ptb_word_lm.run_epoch
 
@@ -578,9 +609,13 @@ class LearningRateScheduleTest(tf.test.TestCase):
                                zip(session.run(weights), before))))
       return result
 
-    training.TrainingRun(
-        config, eval_config, data, ["/cpu:0"], run_options(eval_unroll=4),
-        ptb_word_lm.build_models, run_epoch).run()
+    with tempfile.TemporaryDirectory() as tmp:
+      _, err, stop = run_in_process(tiny_args(
+          write_random_corpus(tmp, (30, 30, 20), config.vocab_size),
+          max_epoch=config.max_epoch, max_max_epoch=config.max_max_epoch,
+          lr_decay=config.lr_decay, max_grad_norm=config.max_grad_norm),
+                                    run_epoch)
+    self.assertIsNone(stop, err)
     self.assertAllClose(np.array(moved) / config.max_grad_norm,
                         [1.0, 1.0, 0.5, 0.25, 0.125], rtol=1e-3)
 

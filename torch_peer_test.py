@@ -21,11 +21,11 @@ import tensorflow as tf
 
 from ptb.testing import HERE
 from ptb.testing import TinyConfig
-from ptb.testing import build_tiny_model
 from ptb.testing import make_corpus
 from ptb.training import epoch_learning_rate
 from ptb_word_lm_test import LINE_FORMATS
 from ptb_word_lm_test import _tutorial_training
+from ptb_word_lm_testing import build_tiny_model
 import reader
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

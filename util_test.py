@@ -14,6 +14,7 @@ from ptb import kernels
 from ptb import lstm
 from ptb import testing
 import ptb_word_lm
+from ptb_word_lm_testing import build_tiny_model
 import util
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
@@ -28,7 +29,7 @@ def _train_one_step(config, rows, rnn_mode, devices, weights=None):
     (cost before the step, trainable values before, trainable values after).
   """
   with tf.Graph().as_default():
-    model = testing.build_tiny_model(config, rows, rnn_mode, devices=devices)
+    model = build_tiny_model(config, rows, rnn_mode, devices=devices)
     tvars = tf.compat.v1.trainable_variables()
     session_config = tf.compat.v1.ConfigProto(
         device_count={"CPU": len(devices)}, allow_soft_placement=False)
@@ -181,8 +182,8 @@ class TowerTest(tf.test.TestCase):
     config = testing.TinyConfig()
     rows = np.zeros([2 * config.batch_size, config.num_steps + 1], np.int32)
     with tf.Graph().as_default():
-      testing.build_tiny_model(config, rows, ptb_word_lm.BLOCK,
-                               devices=["/cpu:0", "/cpu:1"])
+      build_tiny_model(config, rows, ptb_word_lm.BLOCK,
+                       devices=["/cpu:0", "/cpu:1"])
       ops = tf.compat.v1.get_default_graph().get_operations()
       # BLOCK's cell on the CPU: the kernels' LstmCell, or BlockLSTM where
       # they are not there (one op per layer).
@@ -322,8 +323,7 @@ class CudnnGpuTest(tf.test.TestCase):
     results = {}
     for mode in (ptb_word_lm.BASIC, ptb_word_lm.CUDNN):
       with tf.Graph().as_default():
-        model = testing.build_tiny_model(config, rows, mode,
-                                         devices=["/gpu:0"])
+        model = build_tiny_model(config, rows, mode, devices=["/gpu:0"])
         tvars = tf.compat.v1.trainable_variables()
         grads = [tf.convert_to_tensor(g)
                  for g in tf.compat.v1.gradients(model.cost, tvars)]

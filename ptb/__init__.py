@@ -12,7 +12,8 @@ devices         device flags against the machine, session devices
 checkpoint      progress variables and the checkpointer
 outputs         outputs checked before work starts; the save_path lock
 data            where the PTB comes from; the checked download and cache
-training        the training run: epochs, resume, signals, divergence
+training        the pieces around main's loop: resume, checkpoints, epochs
+watch           after every session call: signals, divergence, saves
 summary         the --summary_json file, continued by a resumed run
 monitor         RSS, the memory log, atomic JSON files, library pages
 onednn          TensorFlow's oneDNN matmuls on every x86 CPU

@@ -9,6 +9,7 @@ from ptb import kernels
 from ptb import low_rank_update
 from ptb import testing
 from ptb.config import BASIC, BLOCK
+from ptb_word_lm_testing import build_tiny_model
 
 
 def _kernels_or_skip(test):
@@ -73,7 +74,7 @@ class UpdateTest(tf.test.TestCase):
         0, config.vocab_size, (config.batch_size, steps * 3 + 1))
     with mock.patch.object(low_rank_update, "MAX_ROWS", max_rows), \
         tf.Graph().as_default() as graph:
-      model = testing.build_tiny_model(config, rows, rnn_mode, seed=2)
+      model = build_tiny_model(config, rows, rnn_mode, seed=2)
       types = {op.type for op in graph.get_operations()}
       params = tf.compat.v1.trainable_variables()
       norm = tf.linalg.global_norm(tf.compat.v1.gradients(model.cost, params))

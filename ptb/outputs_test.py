@@ -27,7 +27,7 @@ from ptb import outputs
 from ptb import tensorboard
 from ptb import testing
 from ptb.errors import UserError
-import ptb_word_lm
+import ptb_word_lm_testing
 
 
 
@@ -334,14 +334,14 @@ def no_space_error(prefix):
       "space left on device\n\t [[{{node save/SaveV2}}]]" % prefix))
 
 
-class FailedWriteTest(testing.InProcessRunTest):
+class FailedWriteTest(ptb_word_lm_testing.InProcessRunTest):
   """Writes that fail with ENOSPC, in this process: the reason, and the run.
 
   Saver.save is replaced by one that raises what TensorFlow raises on a
   full disk (its message's first line is "Graph execution error:").
   """
 
-  def run_with_full_disk(self, failing_saves, run_epoch=ptb_word_lm.run_epoch):
+  def run_with_full_disk(self, failing_saves, run_epoch=None):
     """A run of 2 epochs whose first `failing_saves` saves fail with ENOSPC.
 
     Returns:
@@ -362,9 +362,8 @@ class FailedWriteTest(testing.InProcessRunTest):
 
     with mock.patch.object(tf.compat.v1.train.Saver, "save", autospec=True,
                            side_effect=save):
-      out, err, stop = testing.run_in_process(
-          testing.learning_config("max_max_epoch=2"), self.data, run_epoch,
-          save_path=self.save, summary_json=self.summary)
+      out, err, stop = ptb_word_lm_testing.run_in_process(
+          self.args("max_max_epoch=2"), run_epoch)
     return out, err.splitlines(), stop
 
   def testAFullDiskCostsTheCheckpointsOnly(self):
@@ -402,7 +401,7 @@ class FailedWriteTest(testing.InProcessRunTest):
 
   def testAnInterruptWhoseSaveFailsSaysWhatIsLeft(self):
     _, warnings, stop = self.run_with_full_disk(
-        failing_saves=1, run_epoch=testing.interrupting(30))
+        failing_saves=1, run_epoch=ptb_word_lm_testing.interrupting(30))
     self.assertEqual(warnings, [])
     self.assertEqual(stop.exit_code, 143)
     self.assertEqual(

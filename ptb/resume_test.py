@@ -1,8 +1,8 @@
 """What a resume may change from its checkpoint's config (resume.py).
 
-The runs train in this process, as ptb_word_lm.main does, on a generated
-corpus that needs the LSTM state carried; an interrupt is a real SIGTERM
-that the run catches, saving its checkpoint in the middle of epoch 1.
+The runs are ptb_word_lm.main's in this process, on a generated corpus that
+needs the LSTM state carried; an interrupt is a real SIGTERM that the run
+catches, saving its checkpoint in the middle of epoch 1.
 """
 
 import json
@@ -17,6 +17,7 @@ from ptb import testing
 from ptb import training
 from ptb.errors import UserError
 import ptb_word_lm
+import ptb_word_lm_testing
 
 # The step of epoch 1 (of 67) after which the interrupted runs stop.
 STOP_STEP = 30
@@ -28,30 +29,38 @@ def perplexity_lines(out):
                     out, re.M)
 
 
+def overridden(overrides=""):
+  """The runs' overrides: with dropout, 2 epochs, then `overrides`."""
+  return ",".join(filter(None, ["keep_prob=0.5,max_max_epoch=2", overrides]))
+
+
 def config(overrides=""):
-  """The runs' config: learning, with dropout, 2 epochs, then `overrides`."""
-  return testing.learning_config(",".join(filter(None, [
-      "keep_prob=0.5,max_max_epoch=2", overrides])))
+  """The runs' config: learning, overridden(overrides)."""
+  return ptb_word_lm_testing.learning_config(overridden(overrides))
 
 
-class ResumeTest(testing.InProcessRunTest):
+class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    out, err, stop = testing.run_in_process(config(), cls.data)
+    out, err, stop = ptb_word_lm_testing.run_in_process(
+        testing.learning_args(cls.data, overridden()))
     assert stop is None, err
     cls.reference = perplexity_lines(out)
 
-  def run_training(self, overrides="", run_epoch=ptb_word_lm.run_epoch):
-    """A run on the test's save_path; returns (stdout, stderr, Stop)."""
-    return testing.run_in_process(
-        config(overrides), self.data, run_epoch, save_path=self.save,
-        summary_json=self.summary)
+  def run_training(self, overrides="", run_epoch=None):
+    """A run on the test's save_path; returns (stdout, stderr, Stop).
+
+    `run_epoch` replaces ptb_word_lm.run_epoch (None: it runs).
+    """
+    return ptb_word_lm_testing.run_in_process(
+        self.args(overridden(overrides)), run_epoch)
 
   def interrupted_in_epoch_1(self):
     """A run stopped by SIGTERM in epoch 1, its checkpoint saved."""
-    _, _, stop = self.run_training(run_epoch=testing.interrupting(STOP_STEP))
+    _, _, stop = self.run_training(
+        run_epoch=ptb_word_lm_testing.interrupting(STOP_STEP))
     self.assertEqual(stop.exit_code, 143)
     self.assertIn("(checkpoint saved to %s/model.ckpt-%d)"
                   % (self.save, STOP_STEP + 1), str(stop))
@@ -62,7 +71,7 @@ class ResumeTest(testing.InProcessRunTest):
     self.assertIsNone(stop, err)
     self.assertEqual(perplexity_lines(out)[:2], self.reference[:2])
 
-  def resumed(self, overrides="", run_epoch=ptb_word_lm.run_epoch):
+  def resumed(self, overrides="", run_epoch=None):
     """Runs again with `overrides`; returns its stdout, stderr must be empty."""
     out, err, stop = self.run_training(overrides, run_epoch)
     self.assertIsNone(stop, err)
@@ -126,11 +135,12 @@ class ResumeTest(testing.InProcessRunTest):
   def testShapeChangeAtAnEpochsEndStartsTheEpochAfresh(self):
     self.finished_epoch_1()
     positions = []
+    real_run_epoch = ptb_word_lm.run_epoch
 
     def run_epoch(session, model, eval_op=None, **kwargs):
       if eval_op is not None:  # where the training pass starts
         positions.append(session.run(model.input.position))
-      return ptb_word_lm.run_epoch(session, model, eval_op, **kwargs)
+      return real_run_epoch(session, model, eval_op, **kwargs)
 
     out = self.resumed("num_steps=3,batch_size=10", run_epoch)
     self.assertIn(
@@ -151,7 +161,7 @@ class ResumeTest(testing.InProcessRunTest):
     testing.drop_variables(ckpt, [checkpoint.CONFIG_VARIABLE])
     out, err, stop = self.run_training()
     self.assertIsNone(stop, err)
-    # One line, named after the program (here the test runner).
+    # One line, named after the program.
     self.assertEqual(
         err.partition(": warning: ")[2], "the checkpoint %s records no config "
         "(written by an older version): only its variables' shapes are "
@@ -180,7 +190,7 @@ class WhatMayChangeTest(tf.test.TestCase):
   """Resume.check and Resume.lines on records, without a checkpoint."""
 
   def resume(self, step, **new):
-    cfg = testing.learning_config()
+    cfg = ptb_word_lm_testing.learning_config()
     saved = resume_lib.record(cfg, 2, 1)
     for name, value in new.items():
       if name in ("towers", "workers"):

@@ -1,26 +1,18 @@
 """Helpers of the tests: generated corpora, tiny configs, the script run.
 
+They run ptb_word_lm.py as a program and never import it (nor the other
+top-level modules); the helpers that do are in ptb_word_lm_testing.py.
 Nothing here is used by a training run.
 """
 
-import contextlib
-import copy
-import io
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import tensorflow as tf
 
-from ptb import config as config_lib
-from ptb import training
 from ptb.config import BASIC
-from ptb.errors import Stop
-import ptb_word_lm
-import reader
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(HERE, "ptb_word_lm.py")
@@ -86,101 +78,6 @@ def learning_args(data, overrides="", seed=3):
               filter(None, [LEARNING_OVERRIDES, overrides]))]
 
 
-def learning_config(overrides=""):
-  """--model=test with LEARNING_OVERRIDES, then `overrides`, in BASIC."""
-  config = ptb_word_lm.get_config("test", "basic")
-  config_lib.apply_overrides(config, ",".join(
-      filter(None, [LEARNING_OVERRIDES, overrides])))
-  config_lib.validate_config(config)
-  return config
-
-
-def run_options(**changes):
-  """TrainingRun's options as ptb_word_lm.main makes them, with `changes`.
-
-  One tower on the CPU, seed 1, nothing written.
-  """
-  options = {"save_path": None, "use_fp16": False, "intra_op_threads": 0,
-             "inter_op_threads": 0, "eval_unroll": 20, "seed": 1,
-             "save_every_steps": 0, "summary_json": None, "start_time": 0.0,
-             "cluster": None, "cluster_timeout": 60.0, "sampler": None,
-             "argv": ["ptb_word_lm.py"], "model": "test"}
-  options.update(changes)
-  return options
-
-
-def run_in_process(config, data, run_epoch=ptb_word_lm.run_epoch,
-                   **options):
-  """Trains as ptb_word_lm.main does from its config on, in this process.
-
-  Args:
-    config: the training config, resolved.
-    data: (train_ids, valid_ids, test_ids).
-    run_epoch: ptb_word_lm.run_epoch or a wrapper of it.
-    **options: changes to run_options().
-
-  Returns:
-    (stdout, stderr, the Stop that ended the run or None).
-  """
-  eval_config = copy.copy(config)
-  eval_config.batch_size = eval_config.num_steps = 1
-  options = run_options(**options)
-  out, err, stop = io.StringIO(), io.StringIO(), None
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    try:
-      options["resume"] = training.find_resume(
-          options["save_path"], config, ["/cpu:0"], None)
-      training.TrainingRun(config, eval_config, data, ["/cpu:0"], options,
-                           ptb_word_lm.build_models, run_epoch).run()
-    except Stop as e:
-      stop = e
-  return out.getvalue(), err.getvalue(), stop
-
-
-class InProcessRunTest(tf.test.TestCase):
-  """Tests whose runs train in the test's process (run_in_process).
-
-  Attributes:
-    data: (train_ids, valid_ids, test_ids) of a make_structured_corpus of
-      300 lines: 67 training steps an epoch with learning_config().
-    save, summary: a --save_path and a --summary_json of the test's own.
-  """
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    with tempfile.TemporaryDirectory() as tmp:
-      cls.data = reader.ptb_raw_data(
-          make_structured_corpus(tmp, train_lines=300))[:3]
-
-  def setUp(self):
-    super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.save = os.path.join(tmp.name, "save")
-    self.summary = os.path.join(tmp.name, "summary.json")
-
-
-def interrupting(step, signum=signal.SIGTERM):
-  """ptb_word_lm.run_epoch that sends `signum` after training step `step`.
-
-  The signal reaches this process once, in the first training pass that
-  gets there; the run saves and stops as on a real one.
-  """
-  sent = []
-
-  def run_epoch(session, model, eval_op=None, verbose=False, start=None,
-                on_step=None):
-    def step_done(done, cost, costs):
-      if eval_op is not None and done == step and not sent:
-        sent.append(signum)
-        signal.raise_signal(signum)
-      on_step(done, cost, costs)
-    return ptb_word_lm.run_epoch(session, model, eval_op, verbose, start,
-                                 step_done)
-  return run_epoch
-
-
 def drop_variables(ckpt, names):
   """Rewrites the checkpoint `ckpt` without the variables `names`."""
   values = tf.train.load_checkpoint(ckpt)
@@ -237,20 +134,6 @@ def unigram_perplexity(train, test):
   """Perplexity on `test` of the word frequencies of `train` (id lists)."""
   counts = np.bincount(train, minlength=max(max(train), max(test)) + 1)
   return float(np.exp(-np.mean(np.log(counts[test[1:]] / len(train)))))
-
-
-def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
-                     is_training=True, seed=0):
-  """A model on fixed random data `rows` `[batch, steps + 1]` ids."""
-  config.rnn_mode = rnn_mode
-  data = rows.reshape(-1)  # rows are contiguous streams: see reader.
-  input_ = ptb_word_lm.PTBInput(config, data, name="Input",
-                                num_towers=len(devices))
-  initializer = tf.compat.v1.random_uniform_initializer(
-      -config.init_scale, config.init_scale, seed=seed)
-  with tf.compat.v1.variable_scope("Model", initializer=initializer,
-                                   reuse=tf.compat.v1.AUTO_REUSE):
-    return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
 
 
 def start_run(args, env=None, progress_lines=1):
