@@ -8,12 +8,26 @@ import sys
 import tempfile
 import unittest
 
+import matplotlib.image
+import numpy as np
+
 from ptb import monitor
 import plot_run
 
 _PLOT_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                          "plot_run.py")
 _PNG_SIGNATURE = b"\x89PNG"
+# plot_run's figure in pixels (11 x 9 inches at 120 dpi), rows x columns.
+_PNG_SHAPE = (1080, 1320)
+# Each panel's data, by its colour in plot_run.py: the region of the figure
+# it must appear in (fractions of height and width) and the pixels of that
+# colour it draws at least there (a legend's sample alone draws fewer).
+_PANEL_INK = {
+    "memory": ("#08306b", (0.0, 0.55, 0.0, 1.0), 1000),
+    "speed": ("#6baed6", (0.5, 1.0, 0.0, 0.5), 10000),
+    "train perplexity": ("#2171b5", (0.5, 1.0, 0.5, 1.0), 300),
+    "valid perplexity": ("#e6550d", (0.5, 1.0, 0.5, 1.0), 300),
+}
 
 
 def synthetic_summary(num_epochs=3):
@@ -83,6 +97,19 @@ def _run_tool(*args):
                         check=False)
 
 
+def _ink(image, color, region):
+  """Pixels of `image` [H, W, 3] in `region` within 0.06 of `color`."""
+  rgb = np.array([int(color[i:i + 2], 16) / 255.0 for i in (1, 3, 5)])
+  height, width = image.shape[:2]
+  y0, y1, x0, x1 = region
+  part = image[int(y0 * height):int(y1 * height),
+               int(x0 * width):int(x1 * width)]
+  return int((np.abs(part - rgb).max(axis=-1) < 0.06).sum())
+
+
+_ALL = tuple(_PANEL_INK)
+
+
 class PlotRunTest(unittest.TestCase):
 
   def setUp(self):
@@ -93,30 +120,53 @@ class PlotRunTest(unittest.TestCase):
   def _path(self, name):
     return os.path.join(self._tmp.name, name)
 
-  def assertIsPng(self, path, min_bytes=10000):
+  def assertIsPng(self, path, drawn=(), blank=()):
+    """A PNG of plot_run's size whose panels `drawn` show their data.
+
+    Args:
+      path: the PNG.
+      drawn: names in _PANEL_INK that must show their data.
+      blank: names in _PANEL_INK that must show none.
+    """
     self.assertTrue(os.path.exists(path), path)
     with open(path, "rb") as f:
       self.assertEqual(f.read(4), _PNG_SIGNATURE)
-    self.assertGreater(os.path.getsize(path), min_bytes)
+    image = matplotlib.image.imread(path)[..., :3]
+    self.assertEqual(image.shape[:2], _PNG_SHAPE)
+    for name in list(drawn) + list(blank):
+      pixels = _ink(image, *_PANEL_INK[name][:2])
+      if name in drawn:
+        self.assertGreater(pixels, _PANEL_INK[name][2], name)
+      else:
+        self.assertEqual(pixels, 0, name)
 
   def testPlotRunWritesPng(self):
     output = self._path("run.png")
     result = plot_run.plot_run(synthetic_summary(), synthetic_memory_rows(),
                                output)
     self.assertEqual(result, output)
-    self.assertIsPng(output)
+    self.assertIsPng(output, drawn=_ALL)
+
+  def testPanelsWithoutTheirData(self):
+    output = self._path("parts.png")
+    plot_run.plot_run(synthetic_summary(), None, output)
+    self.assertIsPng(output, drawn=_ALL[1:], blank=_ALL[:1])
+    summary = synthetic_summary()
+    summary["epochs"] = []
+    plot_run.plot_run(summary, synthetic_memory_rows(), output)
+    self.assertIsPng(output, drawn=_ALL[:1], blank=_ALL[1:])
 
   def testPlotRunWithGpuColumns(self):
     output = self._path("gpu.png")
     plot_run.plot_run(synthetic_summary(), synthetic_memory_rows(gpu=True),
                       output)
-    self.assertIsPng(output)
+    self.assertIsPng(output, drawn=_ALL)
 
   def testPlotRunOfKilledRun(self):
     summary = {"status": "interrupted", "model": "small", "epochs": []}
     output = self._path("killed.png")
     plot_run.plot_run(summary, None, output)
-    self.assertIsPng(output, min_bytes=1000)
+    self.assertIsPng(output, blank=_ALL)
 
   def testPhaseSpans(self):
     spans = plot_run._phase_spans(  # pylint: disable=protected-access
@@ -158,7 +208,7 @@ class PlotRunTest(unittest.TestCase):
     result = _run_tool("--summary_json=" + summary_path,
                        "--memory_csv=" + csv_path, "--output=" + output)
     self.assertEqual(result.returncode, 0, result.stderr)
-    self.assertIsPng(output)
+    self.assertIsPng(output, drawn=_ALL)
 
   def testCommandLineMissingJson(self):
     output = self._path("never.png")
