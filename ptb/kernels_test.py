@@ -62,9 +62,13 @@ def _environ(**values):
 
 
 def setUpModule():
-  # One build for the whole module, in a directory of its own.
-  _module["dir"] = tempfile.mkdtemp(prefix="ptb_kernels_")
-  os.environ["PTB_KERNEL_DIR"] = _module["dir"]
+  # One build for the whole module: in the pytest run's directory
+  # (conftest.py), or alone in one of its own.
+  _module["dir"] = os.environ.get("PTB_KERNEL_DIR")
+  if not _module["dir"]:
+    _module["own"] = os.environ["PTB_KERNEL_DIR"] = tempfile.mkdtemp(
+        prefix="ptb_kernels_")
+    _module["dir"] = _module["own"]
   if os.environ.get("PTB_TEST_NO_AVX512") == "1":
     # The ops' own choice (isa auto) follows PTB_KERNEL_ISA, not the patch.
     _module["cpu"] = mock.patch.object(kernels, "_cpu_flags",
@@ -78,9 +82,11 @@ def tearDownModule():
   for name in ("env", "cpu"):
     if name in _module:
       _module.pop(name).stop()
-  os.environ.pop("PTB_KERNEL_DIR", None)
-  # A library loaded from here stays loaded; Linux keeps its pages.
-  shutil.rmtree(_module.pop("dir"), ignore_errors=True)
+  _module.pop("dir")
+  if "own" in _module:
+    os.environ.pop("PTB_KERNEL_DIR", None)
+    # A library loaded from here stays loaded; Linux keeps its pages.
+    shutil.rmtree(_module.pop("own"), ignore_errors=True)
   kernels.reset()
 
 
