@@ -1,7 +1,9 @@
 """Tests for reader.py."""
 
 import os
+import re
 import tempfile
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -126,6 +128,40 @@ class PtbReaderTest(tf.test.TestCase):
       with self.assertRaisesRegex(reader.DataError, "is a file"):
         reader.ptb_raw_data(path)
 
+  def testDataPathThatDoesNotExist(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      path = os.path.join(tmpdir, "nowhere")
+      with self.assertRaisesRegex(
+          reader.DataError, r"^--data_path=%s does not exist: give the "
+          r"directory that holds ptb\.train\.txt, ptb\.valid\.txt, "
+          r"ptb\.test\.txt \(for example simple-examples/data from http"
+          % re.escape(path)):
+        reader.ptb_raw_data(path)
+
+  def testFileThatIsADirectory(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      for name in reader.FILE_NAMES:
+        _write(tmpdir, name, "a b\n")
+      valid = os.path.join(tmpdir, "ptb.valid.txt")
+      os.remove(valid)
+      os.mkdir(valid)
+      with self.assertRaisesRegex(
+          reader.DataError, r"^%s is a directory, not a text file$"
+          % re.escape(valid)):
+        reader.ptb_raw_data(tmpdir)
+
+  def testFileThatCannotBeRead(self):
+    # Permissions do not stop root, who may run the tests: the refusal is
+    # the operating system's error from open().
+    denied = PermissionError(13, "Permission denied")
+    with tempfile.TemporaryDirectory() as tmpdir:
+      path = _write(tmpdir, "f.txt", "a")
+      with mock.patch.object(reader, "open", create=True,
+                             side_effect=denied), self.assertRaisesRegex(
+                                 reader.DataError, r"^cannot read %s: "
+                                 r"Permission denied$" % re.escape(path)):
+        reader._read_words(path)
+
   def testNotUtf8NamesFileAndOffset(self):
     with tempfile.TemporaryDirectory() as tmpdir:
       path = _write(tmpdir, "f.txt", b"abc \xff def", mode="wb")
@@ -141,6 +177,26 @@ class PtbReaderTest(tf.test.TestCase):
       path = _write(tmpdir, "g.txt", "")
       with self.assertRaisesRegex(reader.DataError, "g.txt is empty"):
         reader._read_words(path)
+
+  def testLoadDataChecksTheCorpusAgainstTheConfig(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      # 5 distinct words (<eos> included); 50, 6 and 4 ids.
+      _write(tmpdir, "ptb.train.txt", "a b c d\n" * 10)
+      _write(tmpdir, "ptb.valid.txt", "a b\n" * 2)
+      _write(tmpdir, "ptb.test.txt", "c\n" * 2)
+      self.assertEqual(reader.load_data(tmpdir, 5, (2, 1, 1), (2, 1, 1)),
+                       reader.ptb_raw_data(tmpdir)[:3])
+      with self.assertRaisesRegex(
+          reader.DataError, r"^the training corpus has 5 distinct words but "
+          r"the config's vocab_size is 4: raise vocab_size \(e\.g\. "
+          r"--config_overrides=vocab_size=5\) or use a smaller corpus$"):
+        reader.load_data(tmpdir, 4, (2, 1, 1), (2, 1, 1))
+      # Each pass with its own rows and steps; the error names the file.
+      with self.assertRaisesRegex(
+          reader.DataError, r"^epoch_size == 0, decrease batch_size or "
+          r"num_steps: ptb\.valid\.txt has 6 words, too few for "
+          r"batch_size=4 and num_steps=2 \(it needs at least 12\)$"):
+        reader.load_data(tmpdir, 5, (2, 4, 1), (2, 2, 1))
 
   def testRealPtb(self):
     if PTB_PATH is None:
