@@ -289,7 +289,9 @@ class CtrlCTest(tf.test.TestCase):
   """Ctrl-C on ptb_word_lm.py while its download waits on a silent server.
 
   Both tests' processes start together (their TensorFlow start-ups
-  overlap) and wait in their download until their test signals them.
+  overlap) and wait in their download until their test signals them. The
+  second waits while the first test runs, a few seconds, far within the
+  60 s without a byte after which its download would give up.
   """
 
   @classmethod
