@@ -1,7 +1,10 @@
 """Nothing lost, no surprises: outputs checked first, failed writes survived,
 damaged checkpoints skipped, one run per save_path, flag ranges.
 
-Real processes of ptb_word_lm.py, real files and real signals.
+The runs are ptb_word_lm.main's in this test's process
+(ptb_word_lm_testing.run_in_process), but where only a real process of
+ptb_word_lm.py shows it: a limit on the size of its files, a lock held by
+another process, a real signal.
 """
 
 import errno
@@ -15,7 +18,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from unittest import mock
 
 import tensorflow as tf
@@ -27,8 +29,8 @@ from ptb import outputs
 from ptb import tensorboard
 from ptb import testing
 from ptb.errors import UserError
+import ptb_word_lm
 import ptb_word_lm_testing
-
 
 
 def checksums(directory):
@@ -53,6 +55,11 @@ def final_test_perplexity(out):
   return float(match.group(1)) if match else None
 
 
+def warnings(err):
+  """The warning lines of a run's stderr."""
+  return [line for line in err.splitlines() if ": warning: " in line]
+
+
 def limit_file_size(max_bytes):
   """A preexec_fn: no file of the child may grow past `max_bytes`."""
   def apply():
@@ -60,44 +67,89 @@ def limit_file_size(max_bytes):
   return apply
 
 
-class OutputsTest(tf.test.TestCase):
+# Takes the --save_path lock as a run does, says so, and waits to be killed.
+_LOCK_HOLDER = """
+import sys, time
+from ptb import outputs
+outputs.lock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(3600)
+"""
+
+
+class OutputsTest(ptb_word_lm_testing.InProcessRunTest):
+  """What a run writes, on InProcessRunTest's corpus (67 steps an epoch).
+
+  Attributes:
+    two_epochs: the save_path of a run of 2 epochs, with a checkpoint after
+      each; the tests that damage checkpoints do it to a copy.
+    two_epochs_test: the test perplexity of that run.
+    tmp: the test's own directory (of `save` and `summary`).
+  """
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls._tmp = tempfile.TemporaryDirectory()
-    cls.data = os.path.join(cls._tmp.name, "data")
-    os.mkdir(cls.data)
-    testing.make_structured_corpus(cls.data, train_lines=1500)
+    cls._runs = tempfile.TemporaryDirectory()
+    cls.two_epochs = os.path.join(cls._runs.name, "two_epochs")
+    out, err, stop = ptb_word_lm_testing.run_in_process(
+        testing.learning_args(cls.data, "max_max_epoch=2") +
+        ["--save_path=" + cls.two_epochs])
+    assert stop is None, err
+    cls.two_epochs_test = final_test_perplexity(out)
+    # The real processes run without the kernels, whose build would write
+    # files past the size limits that some of them are given.
     cls.env = dict(os.environ, PTB_LSTM_KERNELS="0")
 
   @classmethod
   def tearDownClass(cls):
-    cls._tmp.cleanup()
+    cls._runs.cleanup()
     super().tearDownClass()
 
   def setUp(self):
     super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.tmp = tmp.name
+    self.tmp = os.path.dirname(self.save)
 
-  def args(self, overrides="", *extra):
+  def command(self, overrides="", *extra):
+    """learning_args on the corpus with `overrides`, then `extra` flags."""
     return testing.learning_args(self.data, overrides) + list(extra)
 
+  def run_main(self, *args, run_epoch=None):
+    """main with the command line `args`, in this process; see run_in_process.
+
+    Returns:
+      (stdout, stderr, the Stop that ended the run or None).
+    """
+    return ptb_word_lm_testing.run_in_process(args, run_epoch)
+
   def run_script(self, *args, preexec_fn=None):
+    """A real process of ptb_word_lm.py; returns (exit code, stdout, stderr)."""
     proc = subprocess.run([sys.executable, testing.SCRIPT] + list(args),
-                          capture_output=True, text=True, timeout=600,
-                          cwd=testing.HERE, env=self.env,
-                          preexec_fn=preexec_fn)
+                          capture_output=True, text=True, cwd=testing.HERE,
+                          env=self.env, preexec_fn=preexec_fn)
     return proc.returncode, proc.stdout, proc.stderr
 
   def assertRefused(self, args, pattern, code=1, untouched=None):
-    """One error line, no traceback, `code`; `untouched` byte-identical."""
+    """main stops with UserError `code`: one line, all of it `pattern`.
+
+    Nothing under the directory `untouched` changes.
+    """
     before = checksums(untouched) if untouched else None
-    testing.assert_user_error(self, args, pattern, code=code, env=self.env)
+    out, _, stop = self.run_main(*args)
+    self.assertIsInstance(stop, UserError, out)
+    self.assertEqual(stop.exit_code, code)
+    self.assertRegex(str(stop), "^(%s)$" % pattern)
+    self.assertNotIn("Epoch", out)
     if untouched:
       self.assertEqual(checksums(untouched), before)
+
+  def copy_of_two_epochs(self):
+    """The test's save_path, a copy of two_epochs; returns its checkpoints."""
+    shutil.copytree(self.two_epochs, self.save)
+    paths = list(tf.train.get_checkpoint_state(
+        self.save).all_model_checkpoint_paths)
+    self.assertLen(paths, 2)
+    return paths
 
   # 1. Every output is checked before any work starts.
 
@@ -116,68 +168,88 @@ class OutputsTest(tf.test.TestCase):
         ("save_path", blocker,
          r"--save_path=.*a_file cannot be written: Not a directory "
          r"\(.*a_file is a file\)")):
-      self.assertRefused(self.args("", "--%s=%s" % (flag, value)), pattern,
+      self.assertRefused(self.command("", "--%s=%s" % (flag, value)), pattern,
                          untouched=self.tmp)
     self.assertEqual(os.listdir(a_dir), [])
 
   def testMissingParentsOfOutputsAreCreated(self):
     log = os.path.join(self.tmp, "new", "sub", "m.csv")
     summary = os.path.join(self.tmp, "other", "s.json")
-    code, out, err = self.run_script(*self.args(
+    out, err, stop = self.run_main(*self.command(
         "max_max_epoch=1", "--memory_log=" + log, "--summary_json=" + summary))
-    self.assertEqual(code, 0, err)
-    self.assertTrue(os.path.getsize(log) > 0)
-    self.assertTrue(os.path.getsize(summary) > 0)
+    self.assertIsNone(stop, err)
     self.assertIn("Test Perplexity", out)
+    with open(log) as f:
+      self.assertEqual(f.readline(), "seconds,rss_mib,phase,epoch,step\n")
+    with open(summary) as f:
+      self.assertEqual(json.load(f)["status"], "finished")
 
   # 2. Writes that fail during a run never cost the run.
 
   def testSummaryDirectoryRemovedMidRun(self):
     sub = os.path.join(self.tmp, "sub")
     summary = os.path.join(sub, "s.json")
-    save = os.path.join(self.tmp, "save")
-    # In epoch 2, after the summary of epoch 1 was written.
-    proc, _ = testing.start_run(
-        self.args("", "--summary_json=" + summary, "--save_path=" + save),
-        self.env, progress_lines=12)
-    self.assertTrue(os.path.exists(summary))
-    shutil.rmtree(sub)
-    out, err = proc.communicate(timeout=300)
-    self.assertEqual(proc.returncode, 0, err)
+    real_run_epoch = ptb_word_lm.run_epoch
+    train_passes, epochs_written = [], []
+
+    def run_epoch(session, model, eval_op=None, **kwargs):
+      if eval_op is not None:
+        train_passes.append(model)
+        if len(train_passes) == 2:
+          # In epoch 2, after the summary of epoch 1 was written.
+          with open(summary) as f:
+            epochs_written.append(len(json.load(f)["epochs"]))
+          shutil.rmtree(sub)
+      return real_run_epoch(session, model, eval_op, **kwargs)
+
+    out, err, stop = self.run_main(
+        *self.command("", "--summary_json=" + summary,
+                      "--save_path=" + self.save), run_epoch=run_epoch)
+    self.assertEqual(epochs_written, [1])
+    self.assertIsNone(stop, err)
     self.assertIn("Test Perplexity", out)
-    self.assertIsNotNone(tf.train.latest_checkpoint(save))
-    self.assertNotIn("Traceback", err)
+    self.assertEqual(warnings(err), [])
+    # Every checkpoint was saved, and the next summary recreated its
+    # directory and wrote the whole run again.
+    self.assertEqual(checkpoint.read_progress(
+        tf.train.latest_checkpoint(self.save))[:2], (3, 0))
+    with open(summary) as f:
+      written = json.load(f)
+    self.assertEqual(written["status"], "finished")
+    self.assertEqual([e["epoch"] for e in written["epochs"]], [1, 2, 3])
 
   def testMemoryLogThatStopsGrowingStopsAloneWithAWarning(self):
     log = os.path.join(self.tmp, "m.csv")
-    # Files may not grow past 1 KiB: the memory log, sampled every 10 ms,
-    # reaches that early; the run writes nothing else.
+    # Files may not grow past 512 bytes: the memory log, sampled every 10 ms
+    # (a row is about 25 bytes), reaches that early; the run writes nothing
+    # else.
     code, out, err = self.run_script(
-        *self.args("max_max_epoch=1", "--memory_log=" + log,
-                   "--memory_interval=0.01"),
-        preexec_fn=limit_file_size(1024))
+        *self.command("max_max_epoch=1", "--memory_log=" + log,
+                      "--memory_interval=0.01"),
+        preexec_fn=limit_file_size(512))
     self.assertEqual(code, 0, err)
     self.assertIn("Test Perplexity", out)
-    warnings = [l for l in err.splitlines() if "warning:" in l]
-    self.assertLen(warnings, 1, err)
-    self.assertRegex(warnings[0], r"ptb_word_lm\.py: warning: the memory log "
+    self.assertLessEqual(os.path.getsize(log), 512)
+    (warning,) = warnings(err)
+    self.assertRegex(warning, r"^ptb_word_lm\.py: warning: the memory log "
                      r".*m\.csv can no longer be written \(File too large\); "
                      r"it keeps the rows written before and stops there, the "
-                     r"training goes on")
+                     r"training goes on$")
     self.assertNotIn("Traceback", err)
 
   def testCheckpointsThatCannotBeSavedCostNothingElse(self):
-    save = os.path.join(self.tmp, "save")
-    code, _, err = self.run_script(*self.args("max_max_epoch=1",
-                                              "--save_path=" + save))
-    self.assertEqual(code, 0, err)
+    save = self.save
+    first, err, stop = self.run_main(*self.command("max_max_epoch=1",
+                                                   "--save_path=" + save))
+    self.assertIsNone(stop, err)
     good = tf.train.latest_checkpoint(save)
     before = checksums(save)
-    # The disk is "full" for the next checkpoints: no file may grow past half
-    # of a checkpoint's data file, the first file a save writes.
+    # The disk is "full" for the next checkpoints: no file of the real
+    # process may grow past half of a checkpoint's data file, the first
+    # file a save writes.
     limit = os.path.getsize(good + ".data-00000-of-00001") // 2
     code, out, err = self.run_script(
-        *self.args("max_max_epoch=3", "--save_path=" + save),
+        *self.command("max_max_epoch=3", "--save_path=" + save),
         preexec_fn=limit_file_size(limit))
     # The run trains and tests to the end, and its status says it is not
     # saved.
@@ -187,88 +259,78 @@ class OutputsTest(tf.test.TestCase):
     self.assertNotIn("Traceback", err)
     failed = (r"saving a checkpoint to .*save failed \(File too large\); the "
               r"last good checkpoint is %s" % re.escape(good))
-    warnings = [l for l in err.splitlines() if "warning:" in l]
-    self.assertLen(warnings, 2, err)   # after epochs 2 and 3
-    for line in warnings:
+    self.assertLen(warnings(err), 2, err)   # after epochs 2 and 3
+    for line in warnings(err):
       self.assertRegex(line, r"^ptb_word_lm\.py: warning: %s; the training "
                        r"goes on, and the next save tries again$" % failed)
     self.assertRegex(err, r"\nptb_word_lm\.py: error: the run is finished, "
                      r"but its end is not saved: %s\n$" % failed)
-    # The good checkpoint is intact and still the one a run resumes from.
+    # The good checkpoint is intact and still the one a run resumes from:
+    # with no epoch left, it tests the weights that the first run tested.
     after = checksums(save)
     for name in before:
       if not name.startswith("events."):
         self.assertEqual(after.get(name), before[name], name)
     self.assertEqual(tf.train.latest_checkpoint(save), good)
-    code, out, err = self.run_script(*self.args("max_max_epoch=2",
-                                                "--save_path=" + save))
-    self.assertEqual(code, 0, err)
-    self.assertIn("Resuming from epoch 2 step 0", out)
+    out, err, stop = self.run_main(*self.command("max_max_epoch=1",
+                                                 "--save_path=" + save))
+    self.assertIsNone(stop, err)
+    self.assertIn("Resuming from epoch 2 step 0 of %s\n" % save, out)
+    self.assertEqual(final_test_perplexity(out), final_test_perplexity(first))
 
   # 3. Damaged checkpoints are survived.
 
-  def _two_checkpoints(self, save):
-    """Runs 2 epochs with a checkpoint after each; returns their paths."""
-    code, out, err = self.run_script(*self.args("max_max_epoch=2",
-                                                "--save_path=" + save))
-    self.assertEqual(code, 0, err)
-    state = tf.train.get_checkpoint_state(save)
-    paths = list(state.all_model_checkpoint_paths)
-    self.assertLen(paths, 2)
-    return paths, final_test_perplexity(out)
-
   def testTruncatedCheckpointIsSkippedForThePreviousOne(self):
-    save = os.path.join(self.tmp, "save")
-    (older, newest), reference = self._two_checkpoints(save)
+    _, newest = self.copy_of_two_epochs()
     data_file = newest + ".data-00000-of-00001"
     with open(data_file, "r+b") as f:
       f.truncate(os.path.getsize(data_file) // 2)
-    before = checksums(save)
-    code, out, err = self.run_script(*self.args("max_max_epoch=2",
-                                                "--save_path=" + save))
-    self.assertEqual(code, 0, err)
-    self.assertNotIn("Traceback", err)
-    self.assertRegex(err, r"ptb_word_lm\.py: warning: skipping the checkpoint "
-                     r"%s, which cannot be read \(.*\)" % re.escape(newest))
-    self.assertIn("Resuming from epoch 2 step 0 of %s" % save, out)
-    self.assertAllClose(final_test_perplexity(out), reference, rtol=0.01)
+    before = checksums(self.save)
+    out, err, stop = self.run_main(*self.command(
+        "max_max_epoch=2", "--save_path=" + self.save))
+    self.assertIsNone(stop, err)
+    (warning,) = warnings(err)
+    self.assertRegex(warning, r"^ptb_word_lm\.py: warning: skipping the "
+                     r"checkpoint %s, which cannot be read \(.*\)$"
+                     % re.escape(newest))
+    self.assertIn("Resuming from epoch 2 step 0 of %s\n" % self.save, out)
+    # Epoch 2 trained again from epoch 1's checkpoint, as the first time.
+    self.assertEqual(final_test_perplexity(out), self.two_epochs_test)
     # Nothing of the earlier run was deleted or overwritten.
-    after = checksums(save)
+    after = checksums(self.save)
     for name, digest in before.items():
       if name != "checkpoint":
         self.assertEqual(after.get(name), digest, name)
 
   def testMissingAndDamagedFilesOfEveryCheckpoint(self):
-    save = os.path.join(self.tmp, "save")
-    (older, newest), _ = self._two_checkpoints(save)
+    older, newest = self.copy_of_two_epochs()
     os.remove(older + ".index")
     with open(newest + ".index", "r+b") as f:
       f.seek(10)
       f.write(b"\xff" * 16)
-    before = checksums(save)
     self.assertRefused(
-        self.args("max_max_epoch=2", "--save_path=" + save),
+        self.command("max_max_epoch=2", "--save_path=" + self.save),
         r"no checkpoint in .*save can be read .*; move the damaged files out "
         r"of it to start afresh there, or use another --save_path",
-        untouched=save)
-    self.assertEqual(checksums(save), before)
+        untouched=self.save)
 
-  # 4. One run per save_path.
+  # 4. One run per save_path: the lock is another process's.
 
   def testSecondRunOnTheSameSavePathRefusesAtOnce(self):
-    save = os.path.join(self.tmp, "save")
+    save = self.save
     # Longer than the test: it is stopped by a signal once checked.
     first, lines = testing.start_run(
-        self.args("max_max_epoch=1000", "--save_path=" + save), self.env)
-    start = time.time()
+        self.command("max_max_epoch=1000", "--save_path=" + save), self.env)
+    self.addCleanup(first.kill)
     before = set(os.listdir(save))
-    _, err = testing.assert_user_error(
-        self, self.args("max_max_epoch=1000", "--save_path=" + save),
+    testing.assert_user_error(
+        self, self.command("max_max_epoch=1000", "--save_path=" + save),
         r"--save_path=.*save is in use by another run \(process %d\); wait "
         r"for it to end, or use another --save_path" % first.pid,
         env=self.env)
-    self.assertLess(time.time() - start, 60)
-    self.assertIsNone(first.poll())   # the first run goes on, undisturbed
+    # The refusal came at once: the first run goes on, undisturbed (a
+    # second run that waited for the lock would wait for its end).
+    self.assertIsNone(first.poll())
     # Whatever is new in the directory is the first run's: its epochs'
     # checkpoints, TensorBoard events and checkpoint index, the latter with
     # the temporary file TensorFlow writes it through when caught mid-save
@@ -278,20 +340,23 @@ class OutputsTest(tf.test.TestCase):
                                       "checkpoint.tmp")) or
                         n == "checkpoint" for n in new), new)
     first.send_signal(signal.SIGINT)
-    out, err = first.communicate(timeout=120)
+    out, err = first.communicate()
     out = "".join(lines) + out
     self.assertEqual(first.returncode, 130, err)
     self.assertRegex(err, r"interrupted by SIGINT .*checkpoint saved to")
     self.assertNotIn("Resuming", out)
     # A crashed holder blocks nobody: the kernel dropped its lock.
-    victim, _ = testing.start_run(
-        self.args("max_max_epoch=1000", "--save_path=" + save), self.env)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate(timeout=60)
-    code, out, err = self.run_script(*self.args("max_max_epoch=1",
-                                                "--save_path=" + save))
-    self.assertEqual(code, 0, err)   # resumed past the last epoch: tests
-    self.assertIn("Test Perplexity", out)
+    holder = subprocess.Popen([sys.executable, "-c", _LOCK_HOLDER, save],
+                              stdout=subprocess.PIPE, text=True,
+                              cwd=testing.HERE)
+    self.addCleanup(holder.kill)
+    self.assertEqual(holder.stdout.readline(), "locked\n")
+    with self.assertRaisesRegex(UserError, r"in use by another run "
+                                r"\(process %d\)" % holder.pid):
+      outputs.SavePathLock(save).acquire()
+    holder.kill()
+    holder.communicate()
+    outputs.SavePathLock(save).acquire().release()
 
   # 5. Every numeric flag's range.
 
@@ -305,24 +370,25 @@ class OutputsTest(tf.test.TestCase):
       with self.assertRaisesRegex(UserError, r"--%s=\S+ must be" % flag) as e:
         config_lib.check_flag_ranges({flag: value})
       self.assertEqual(e.exception.exit_code, 2)
-    # Through the script (main passes every flag of FLAG_RANGES), an int
-    # flag and a float one.
-    for flag, value in (("seed", "-1"), ("memory_interval", "0")):
-      self.assertRefused(self.args("", "--%s=%s" % (flag, value)),
-                         r"--%s=\S+ must be" % flag, code=2)
+    # Through main (which passes every flag of FLAG_RANGES), an int flag
+    # and a float one.
+    for flag, value, pattern in (
+        ("seed", "-1", r"--seed=-1 must be 0 or more"),
+        ("memory_interval", "0", r"--memory_interval=0\.0 must be positive")):
+      self.assertRefused(self.command("", "--%s=%s" % (flag, value)),
+                         pattern, code=2)
 
   # The message of an interrupted run without --save_path says the truth.
 
   def testInterruptWithoutSavePathSaysNothingCanBeResumed(self):
-    proc, _ = testing.start_run(self.args("max_max_epoch=6"), self.env)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    self.assertEqual(proc.returncode, 130, err)
-    self.assertRegex(err, r"interrupted by SIGINT in the train pass of epoch "
-                     r"1 at step \d+ \(nothing saved: without --save_path a "
-                     r"run cannot be resumed; add --save_path=DIR to make "
-                     r"the next run resumable\)")
-    self.assertNotIn("run the same command to resume", err)
+    _, _, stop = self.run_main(
+        *self.command("max_max_epoch=6"),
+        run_epoch=ptb_word_lm_testing.interrupting(5, signal.SIGINT))
+    self.assertEqual(stop.exit_code, 130)
+    self.assertEqual(str(stop), "interrupted by SIGINT in the train pass of "
+                     "epoch 1 at step 5 (nothing saved: without --save_path "
+                     "a run cannot be resumed; add --save_path=DIR to make "
+                     "the next run resumable)")
 
 
 def no_space_error(prefix):

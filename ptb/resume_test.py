@@ -2,12 +2,15 @@
 
 The runs are ptb_word_lm.main's in this process, on a generated corpus that
 needs the LSTM state carried; an interrupt is a real SIGTERM that the run
-catches, saving its checkpoint in the middle of epoch 1.
+catches, saving its checkpoint in the middle of epoch 1. The checkpoints
+that the tests resume are made once for the class, and copied.
 """
 
 import json
 import os
 import re
+import shutil
+import tempfile
 
 import tensorflow as tf
 
@@ -40,6 +43,15 @@ def config(overrides=""):
 
 
 class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
+  """Resumes of two checkpoints made once for the class, each test on a copy.
+
+  Attributes:
+    reference: the perplexity lines of the uninterrupted run.
+    interrupted: the save_path and summary of a run stopped by SIGTERM
+      after step STOP_STEP of epoch 1.
+    finished: those of a run of one epoch: its last checkpoint is at epoch
+      1's end.
+  """
 
   @classmethod
   def setUpClass(cls):
@@ -48,6 +60,32 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
         testing.learning_args(cls.data, overridden()))
     assert stop is None, err
     cls.reference = perplexity_lines(out)
+    cls._runs = tempfile.TemporaryDirectory()
+    cls.interrupted, cls.finished = (
+        (os.path.join(cls._runs.name, name, "save"),
+         os.path.join(cls._runs.name, name, "summary.json"))
+        for name in ("interrupted", "finished"))
+    save, summary = cls.interrupted
+    _, err, stop = ptb_word_lm_testing.run_in_process(
+        testing.learning_args(cls.data, overridden()) +
+        ["--save_path=" + save, "--summary_json=" + summary],
+        ptb_word_lm_testing.interrupting(STOP_STEP))
+    assert stop is not None and stop.exit_code == 143, err
+    assert str(stop).endswith("(checkpoint saved to %s/model.ckpt-%d); run "
+                              "the same command to resume"
+                              % (save, STOP_STEP + 1)), stop
+    save, summary = cls.finished
+    out, err, stop = ptb_word_lm_testing.run_in_process(
+        testing.learning_args(cls.data, overridden("max_max_epoch=1")) +
+        ["--save_path=" + save, "--summary_json=" + summary])
+    assert stop is None, err
+    # Its epoch is the uninterrupted run's first.
+    assert perplexity_lines(out)[:2] == cls.reference[:2], out
+
+  @classmethod
+  def tearDownClass(cls):
+    cls._runs.cleanup()
+    super().tearDownClass()
 
   def run_training(self, overrides="", run_epoch=None):
     """A run on the test's save_path; returns (stdout, stderr, Stop).
@@ -57,19 +95,19 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     return ptb_word_lm_testing.run_in_process(
         self.args(overridden(overrides)), run_epoch)
 
+  def copy_run(self, run):
+    """Makes the class's `run` (save_path, summary) the test's own."""
+    save, summary = run
+    shutil.copytree(save, self.save)
+    shutil.copy2(summary, self.summary)
+
   def interrupted_in_epoch_1(self):
-    """A run stopped by SIGTERM in epoch 1, its checkpoint saved."""
-    _, _, stop = self.run_training(
-        run_epoch=ptb_word_lm_testing.interrupting(STOP_STEP))
-    self.assertEqual(stop.exit_code, 143)
-    self.assertIn("(checkpoint saved to %s/model.ckpt-%d)"
-                  % (self.save, STOP_STEP + 1), str(stop))
+    """The test's save_path holds the checkpoint saved after step STOP_STEP."""
+    self.copy_run(self.interrupted)
 
   def finished_epoch_1(self):
-    """A run of one epoch: its last checkpoint is at epoch 1's end."""
-    out, err, stop = self.run_training("max_max_epoch=1")
-    self.assertIsNone(stop, err)
-    self.assertEqual(perplexity_lines(out)[:2], self.reference[:2])
+    """The test's save_path holds a run of one epoch (max_max_epoch=1)."""
+    self.copy_run(self.finished)
 
   def resumed(self, overrides="", run_epoch=None):
     """Runs again with `overrides`; returns its stdout, stderr must be empty."""
