@@ -1,5 +1,8 @@
 """Tests of benchmark.py."""
 
+import contextlib
+import functools
+import io
 import json
 import os
 import re
@@ -8,12 +11,14 @@ import sys
 import tempfile
 from unittest import mock
 
+from absl.testing import flagsaver
 import tensorflow as tf
 
 from ptb import kernels
 from ptb import testing
 import benchmark
 import ptb_word_lm
+from ptb_word_lm_testing import run_in_process
 
 
 def _kernels_buildable():
@@ -120,33 +125,71 @@ class BenchmarkTest(tf.test.TestCase):
       # One core at 1 GHz with one 8-lane FMA unit does 16 GFLOP/s.
       self.assertGreater(benchmark.fma_peak(None, seconds=0.01, trials=2), 16)
 
-  def testEveryCombinationAndJson(self):
+
+def run_benchmark(args):
+  """Runs benchmark.main with the command line `args` in this process.
+
+  The machine's limits are measured as the program measures them, in short
+  trials on small arrays: the figures are checked for how they combine,
+  not for their size.
+
+  Returns:
+    stdout.
+  """
+  argv = ["benchmark.py"] + list(args)
+  out = io.StringIO()
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(flagsaver.flagsaver())
+    stack.enter_context(mock.patch.object(sys, "argv", argv))
+    for name, short in (("matmul_ceiling", dict(size=512, seconds=0.05,
+                                                trials=2)),
+                        ("memory_bandwidth", dict(array_bytes=8 << 20,
+                                                  trials=1)),
+                        ("fma_peak", dict(seconds=0.01, trials=2))):
+      stack.enter_context(mock.patch.object(
+          benchmark, name, functools.partial(getattr(benchmark, name),
+                                             **short)))
+    stack.enter_context(contextlib.redirect_stdout(out))
+    benchmark.FLAGS(argv)
+    benchmark.main(argv)
+  return out.getvalue()
+
+
+class InProcessBenchmarkTest(tf.test.TestCase):
+  """One run of benchmark.main in this process, two combinations.
+
+  Hidden 512, batch 10 and 8 steps: where the model starts to use the
+  kernels' recurrent products.
+  """
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
     with tempfile.TemporaryDirectory() as tmp:
       testing.make_corpus(tmp)
       out_json = os.path.join(tmp, "bench.json")
-      proc = subprocess.run(
-          [sys.executable, os.path.join(testing.HERE, "benchmark.py"),
-           "--data_path=" + tmp, "--model=test", "--rnn_mode=BASIC,block",
-           "--num_gpus=0", "--steps=3", "--warmup=1",
-           "--config_overrides=vocab_size=100", "--output_json=" + out_json],
-          capture_output=True, text=True, timeout=600,
-          # benchmark.py turns oneDNN on by itself (ptb/onednn.py).
-          env={k: v for k, v in os.environ.items()
-               if k != "TF_ENABLE_ONEDNN_OPTS"})
-      self.assertEqual(proc.returncode, 0, proc.stderr)
+      cls.out = run_benchmark([
+          "--data_path=" + tmp, "--model=test", "--rnn_mode=BASIC,block",
+          "--num_gpus=0", "--steps=3", "--warmup=1",
+          "--output_json=" + out_json,
+          "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10,"
+          "num_steps=8"])
       with open(out_json) as f:
-        report = json.load(f)
-    lines = proc.stdout.splitlines()
+        cls.report = json.load(f)
+
+  def testEveryCombinationAndJson(self):
+    lines = self.out.splitlines()
     rows = [l for l in lines if l.startswith("model=")]
     self.assertLen(rows, 2)
-    self.assertRegex(rows[0], r"^model=test rnn_mode=BASIC wps=\d+ "
-                     r"train_flops_per_word=\S+ gflops=\S+ "
-                     r"ceiling_gflops=\S+ mfu=\S+ %s %s peak_rss_mib=\d+ "
-                     r"recurrent=matmul softmax=%s matmul=onednn$"
-                     % (_peak_fields(), _roofline_fields(), _softmax_path()))
-    self.assertIn("rnn_mode=BLOCK", rows[1])
+    for row, mode in zip(rows, ("BASIC", "BLOCK")):
+      self.assertRegex(row, r"^model=test rnn_mode=%s wps=\d+ "
+                       r"train_flops_per_word=\S+ gflops=\S+ "
+                       r"ceiling_gflops=\S+ mfu=\S+ %s %s peak_rss_mib=\d+ "
+                       r"recurrent=\S+ softmax=%s matmul=onednn$"
+                       % (mode, _peak_fields(), _roofline_fields(),
+                          _softmax_path()))
     self.assertRegex(lines[-1], r"^wps: \d+$")
-    results = report["results"]
+    results = self.report["results"]
     self.assertEqual([r["rnn_mode"] for r in results], ["BASIC", "BLOCK"])
     self.assertEqual(lines[-1], "wps: %.0f" % results[-1]["wps"])
     # Each combination's ceiling is the better of the measurements just
@@ -176,26 +219,49 @@ class BenchmarkTest(tf.test.TestCase):
         self.assertIsNone(r["bandwidth_gbs"])
 
   def testReportsTheKernelsWhereTheModelUsesThem(self):
-    # Hidden 512, batch 8 and 8 steps are where the model starts to use the
-    # kernels' recurrent products.
     want = "kernels" if _kernels_buildable() else "matmul"
+    rows = [l for l in self.out.splitlines() if l.startswith("model=")]
+    self.assertLen(rows, 2)
+    for row in rows:
+      self.assertIn(" recurrent=%s " % want, row)
+    self.assertEqual([r["recurrent"] for r in self.report["results"]],
+                     [want, want])
+
+
+class CommandLineTest(tf.test.TestCase):
+  """benchmark.py as a program: one short run, its real measurements."""
+
+  def testPrintsItsLineAndWpsAndKeepsKerasOut(self):
     with tempfile.TemporaryDirectory() as tmp:
       testing.make_corpus(tmp)
+      out_json = os.path.join(tmp, "bench.json")
       proc = subprocess.run(
-          [sys.executable, os.path.join(testing.HERE, "benchmark.py"),
-           "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
-           "--warmup=1",
-           "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10,"
-           "num_steps=8"],
+          [sys.executable, "-X", "importtime",
+           os.path.join(testing.HERE, "benchmark.py"), "--data_path=" + tmp,
+           "--model=test", "--rnn_mode=block", "--num_gpus=0", "--steps=1",
+           "--warmup=1", "--config_overrides=vocab_size=100",
+           "--output_json=" + out_json],
           capture_output=True, text=True, timeout=600,
-          env=dict(os.environ, PTB_KERNEL_DIR=tmp, TF_ENABLE_ONEDNN_OPTS="0"))
-      self.assertEqual(proc.returncode, 0, proc.stderr)
-    rows = [l for l in proc.stdout.splitlines() if l.startswith("model=")]
-    self.assertLen(rows, 1)
-    self.assertTrue(rows[0].endswith(
-        # The user's TF_ENABLE_ONEDNN_OPTS=0 wins.
-        " recurrent=%s softmax=%s matmul=eigen" % (want, _softmax_path())),
-        rows[0])
+          # benchmark.py turns oneDNN on by itself (ptb/onednn.py).
+          env={k: v for k, v in os.environ.items()
+               if k != "TF_ENABLE_ONEDNN_OPTS"})
+      self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+      with open(out_json) as f:
+        (result,) = json.load(f)["results"]
+    lines = proc.stdout.splitlines()
+    self.assertLen(lines, 3)
+    self.assertEqual(lines[0], "Config overrides: vocab_size=100")
+    self.assertRegex(lines[1], r"^model=test rnn_mode=BLOCK wps=\d+ .* "
+                     r"matmul=onednn$")
+    self.assertEqual(lines[2], "wps: %.0f" % result["wps"])
+    self.assertGreater(result["wps"], 0)
+    # -X importtime lists every module the process imports on stderr:
+    # TensorFlow, and no Keras (monitor.reduce_memory_footprint).
+    imported = [line.rsplit("|", 1)[-1].strip()
+                for line in proc.stderr.splitlines()
+                if line.startswith("import time:")]
+    self.assertIn("tensorflow", imported)
+    self.assertEqual([m for m in imported if m.split(".")[0] == "keras"], [])
 
 
 class EvalUnrollTest(tf.test.TestCase):
@@ -206,10 +272,10 @@ class EvalUnrollTest(tf.test.TestCase):
       testing.make_corpus(tmp)
       figures = []
       for unroll in ("1", "7", "200"):
-        code, out, err = testing.run_script(
+        out, err, stop = run_in_process([
             "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--seed=2",
-            "--eval_unroll=" + unroll)
-        self.assertEqual(code, 0, err)
+            "--eval_unroll=" + unroll])
+        self.assertIsNone(stop, err)
         figures.append([float(v) for v in re.findall(
             r"(?:Valid|Test) Perplexity: (\S+)", out)])
     self.assertLen(figures[0], 2)

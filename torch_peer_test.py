@@ -99,8 +99,24 @@ def recording_train_step():
   return train_step, calls
 
 
+class OneThreadTestCase(tf.test.TestCase):
+  """A test that runs torch on one thread.
+
+  The models here are tiny, so a second OpenMP thread only adds a barrier
+  to every op; on a loaded machine each barrier waits for a thread that the
+  scheduler has set aside, and a test of a fraction of a second took tens of
+  seconds.
+  """
+
+  def setUp(self):
+    super().setUp()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    self.addCleanup(torch.set_num_threads, threads)
+
+
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
-class SameModelAsThePortTest(tf.test.TestCase):
+class SameModelAsThePortTest(OneThreadTestCase):
   """From the same weights, the peer takes the port's training steps.
 
   No dropout, so the two compute the same numbers: every step's cost (with
@@ -197,7 +213,7 @@ class SameModelAsThePortTest(tf.test.TestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
-class LearningRateScheduleTest(tf.test.TestCase):
+class LearningRateScheduleTest(OneThreadTestCase):
 
   def testEachEpochTrainsAtTheTutorialsRate(self):
     config = TinyConfig()
@@ -218,58 +234,76 @@ class LearningRateScheduleTest(tf.test.TestCase):
                      [r for r in rates for _ in range(epoch_size)])
 
 
-def run_script(*args):
-  """Runs torch_peer.py; returns (exit code, stdout, stderr)."""
-  proc = subprocess.run([sys.executable, SCRIPT] + list(args),
-                        capture_output=True, text=True, timeout=600, cwd=HERE)
-  return proc.returncode, proc.stdout, proc.stderr
+def run_main(*args):
+  """Runs torch_peer.main with the command line `args` here; returns stdout."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    torch_peer.main(list(args))
+  return out.getvalue()
 
 
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
-class CommandLineTest(tf.test.TestCase):
+class MainTest(OneThreadTestCase):
+  """torch_peer.main's two modes, in this process."""
 
   def testEpochsPrintThePortsLines(self):
     with tempfile.TemporaryDirectory() as tmp:
       make_corpus(tmp, train_lines=100)
-      code, out, err = run_script("--data_path=" + tmp, "--model=test",
-                                  "--epochs=2",
-                                  "--config_overrides=max_epoch=1")
+      # The corpus's 31 words, not the test config's 10,000: a softmax
+      # 250 times smaller in every step of the test pass, a word a step.
+      out = run_main("--data_path=" + tmp, "--model=test", "--epochs=2",
+                     "--config_overrides=max_epoch=1,vocab_size=31")
       train = reader.ptb_raw_data(tmp)[0]
-    self.assertEqual(code, 0, err)
     lines = out.splitlines()
-    self.assertEqual(lines[0], "Config overrides: max_epoch=1")
+    self.assertEqual(lines[0], "Config overrides: max_epoch=1, vocab_size=31")
     for line in lines[1:]:
       self.assertTrue(any(re.fullmatch(f, line) for f in LINE_FORMATS),
                       "not one of ptb_word_lm.py's lines: %r" % line)
     self.assertEqual(lines[1], "Epoch: 1 Learning rate: 1.000")
     self.assertIn("Epoch: 2 Learning rate: 0.500", lines)
-    # ptb_word_lm.run_epoch's cadence: about ten lines an epoch, here one
-    # at every step of the short epochs.
+    # ptb_word_lm.run_epoch's cadence and fractions: about ten lines an
+    # epoch, here one at every step of the short epochs.
     epoch_size = reader.epoch_size(len(train), 20, 2)
     every = max(1, epoch_size // 10)
-    self.assertLen([l for l in lines if "wps" in l], 2 * len(
-        [s for s in range(epoch_size) if s % every == 10 % every]))
+    printed = [s for s in range(epoch_size) if s % every == 10 % every]
+    fractions = [l.split()[0] for l in lines if l.endswith(" wps")]
+    self.assertEqual(fractions, ["%.3f" % (s / epoch_size)
+                                 for s in printed] * 2)
     self.assertRegex(lines[-1], r"^Test Perplexity: ")
 
   def testSpeedPrintsTheSharedPeersTwoLines(self):
     with tempfile.TemporaryDirectory() as tmp:
-      code, out, err = run_script("--data_path=" + make_corpus(tmp),
-                                  "--model=test", "--steps=3", "--warmup=1")
-    self.assertEqual(code, 0, err)
+      out = run_main("--data_path=" + make_corpus(tmp), "--model=test",
+                     "--steps=3", "--warmup=1")
     lines = out.splitlines()
     self.assertLen(lines, 2)
-    self.assertRegex(lines[0], r"^model=test torch=\S+ threads=\d+ steps=3 "
-                     r"seconds=\d+\.\d\d last_loss=\d+\.\d{3} "
-                     r"peak_rss_mib=\d+$")
-    self.assertRegex(lines[1], r"^wps: \d+$")
+    match = re.fullmatch(r"model=test torch=\S+ threads=\d+ steps=3 "
+                         r"seconds=(\d+\.\d\d) last_loss=(\d+\.\d{3}) "
+                         r"peak_rss_mib=\d+", lines[0])
+    self.assertIsNotNone(match, lines[0])
+    # The last step's cross-entropy per word: near log(10,000) = 9.2 for
+    # the test config's vocabulary after four steps.
+    self.assertBetween(float(match.group(2)), 8.0, 9.3)
+    # The words of the timed steps over their seconds, each as rounded.
+    wps = re.fullmatch(r"wps: (\d+)", lines[1])
+    self.assertIsNotNone(wps, lines[1])
+    self.assertAllClose(3 * 20 * 2 / int(wps.group(1)),
+                        float(match.group(1)), atol=0.006, rtol=0.01)
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class CommandLineTest(tf.test.TestCase):
+  """torch_peer.py as a program: the one sample of its error line."""
 
   def testUserErrorIsOneLine(self):
-    code, out, err = run_script("--model=huge", "--data_path=" + HERE)
-    self.assertEqual(code, 2)
-    self.assertEqual(out, "")
-    self.assertNotIn("Traceback", err)
+    proc = subprocess.run([sys.executable, SCRIPT, "--model=huge",
+                           "--data_path=" + HERE], capture_output=True,
+                          text=True, timeout=600, cwd=HERE)
+    self.assertEqual(proc.returncode, 2)
+    self.assertEqual(proc.stdout, "")
+    self.assertNotIn("Traceback", proc.stderr)
     self.assertIn("torch_peer.py: error: Invalid model: huge; valid values "
-                  "are small, medium, large, test\n", err)
+                  "are small, medium, large, test\n", proc.stderr)
 
 
 if __name__ == "__main__":

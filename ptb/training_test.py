@@ -19,10 +19,8 @@ import tempfile
 import tensorflow as tf
 
 from ptb import checkpoint
-from ptb import config as config_lib
 from ptb import testing
 from ptb.errors import UserError
-import ptb_word_lm
 import ptb_word_lm_testing
 
 
@@ -319,78 +317,52 @@ class RobustnessTest(tf.test.TestCase):
 
 
 class BadInputTest(tf.test.TestCase):
-  """Each bad input: one line, exit 1 (2 for usage), nothing written."""
+  """A run refused for its config or its corpus writes nothing.
 
-  def assertRefused(self, args, pattern, code=1, save=None):
-    out, _ = testing.assert_user_error(self, args, pattern, code)
-    self.assertNotIn("Epoch", out)
-    if save:
-      self.assertFalse(os.path.exists(save), "%s was written" % save)
+  main checks the outputs, the config and the corpus before it creates any
+  of its outputs; these runs, in this process, are refused after the
+  outputs' checks. Each error's message is checked once where it is raised
+  (ptb_word_lm_test's ErrorTest, reader_test, ptb/outputs_test).
+  """
 
-  def testDataPathIsAFile(self):
+  def assertRefusedWritingNothing(self, data, overrides, pattern, code=1):
     with tempfile.TemporaryDirectory() as tmp:
-      testing.make_corpus(tmp)
-      self.assertRefused(
-          ["--data_path=" + os.path.join(tmp, "ptb.train.txt"),
-           "--num_gpus=0"], "ptb.train.txt is a file: give the directory")
+      _, err, stop = ptb_word_lm_testing.run_in_process([
+          "--data_path=" + data, "--num_gpus=0", "--model=test",
+          "--config_overrides=" + overrides,
+          "--save_path=" + os.path.join(tmp, "save"),
+          "--summary_json=" + os.path.join(tmp, "summary.json"),
+          "--memory_log=" + os.path.join(tmp, "memory.csv")])
+      self.assertIsInstance(stop, UserError, err)
+      self.assertRegex(str(stop), pattern)
+      self.assertEqual(stop.exit_code, code)
+      self.assertEqual(os.listdir(tmp), [])
 
-  def testUnreadableFile(self):
+  def testBadConfigValue(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      self.assertRefusedWritingNothing(
+          testing.make_corpus(tmp), "num_steps=0",
+          "num_steps=0 must be a positive integer", code=2)
+
+  def testCorpusTooShort(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      self.assertRefusedWritingNothing(
+          testing.make_corpus(tmp, train_lines=2), "",
+          "epoch_size == 0, decrease batch_size or num_steps: ptb.train.txt")
+
+  def testVocabularyTooLarge(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      self.assertRefusedWritingNothing(
+          testing.make_corpus(tmp, num_words=30), "vocab_size=10",
+          "31 distinct words.*vocab_size is 10")
+
+  def testFileThatIsADirectory(self):
     with tempfile.TemporaryDirectory() as tmp:
       testing.make_corpus(tmp)
       os.remove(os.path.join(tmp, "ptb.valid.txt"))
       os.mkdir(os.path.join(tmp, "ptb.valid.txt"))
-      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0"],
-                         "ptb.valid.txt is a directory, not a text file")
-
-  def testSavePathNotWritable(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      testing.make_corpus(tmp)
-      blocker = os.path.join(tmp, "blocker")
-      open(blocker, "w").close()
-      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
-                          "--model=test", "--save_path=" + blocker + "/run"],
-                         "--save_path=.*/blocker/run cannot be written: Not "
-                         "a directory")
-
-  def testNonPositiveAndAbsurdConfigValues(self):
-    for override, pattern in (
-        ("num_steps=0", "num_steps=0 must be a positive integer"),
-        ("hidden_size=-4", "hidden_size=-4 must be a positive integer"),
-        ("learning_rate=0", "learning_rate=0.0 must be a positive number"),
-        ("init_scale=nan", "init_scale=nan must be a positive number"),
-        ("hidden_size=1000000000", "hidden_size=1000000000 is absurdly "
-         "large"),
-        ("batch_size=10000000", "batch_size=10000000 is absurdly large")):
-      with self.assertRaisesRegex(UserError, pattern) as e:
-        config_lib.resolve_config(ptb_word_lm.get_config("test"), 0, override)
-      self.assertEqual(e.exception.exit_code, 2)
-    # Through the script: refused before anything is written.
-    with tempfile.TemporaryDirectory() as tmp:
-      testing.make_corpus(tmp)
-      save = os.path.join(tmp, "save")
-      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0", "--model=test",
-                          "--save_path=" + save,
-                          "--config_overrides=num_steps=0"],
-                         "num_steps=0 must be a positive integer", code=2,
-                         save=save)
-
-  def testCorpusTooShortWritesNothing(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      testing.make_corpus(tmp, train_lines=2)
-      save = os.path.join(tmp, "save")
-      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
-                          "--save_path=" + save],
-                         "epoch_size == 0, decrease batch_size or num_steps",
-                         save=save)
-
-  def testVocabularyTooLargeWritesNothing(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      testing.make_corpus(tmp, num_words=30)
-      save = os.path.join(tmp, "save")
-      self.assertRefused(["--data_path=" + tmp, "--num_gpus=0",
-                          "--model=test", "--save_path=" + save,
-                          "--config_overrides=vocab_size=10"],
-                         "31 distinct words.*vocab_size is 10", save=save)
+      self.assertRefusedWritingNothing(
+          tmp, "", "ptb.valid.txt is a directory, not a text file")
 
 
 if __name__ == "__main__":
