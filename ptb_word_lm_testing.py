@@ -99,7 +99,23 @@ def interrupting(step, signum=signal.SIGTERM):
   return run_epoch
 
 
-class InProcessRunTest(tf.test.TestCase):
+class SavePathTest(tf.test.TestCase):
+  """Tests with a temporary directory of their own.
+
+  Attributes:
+    tmp: the test's empty temporary directory, removed after it.
+    save: a --save_path in it, not yet created.
+  """
+
+  def setUp(self):
+    super().setUp()
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    self.tmp = tmp.name
+    self.save = os.path.join(tmp.name, "save")
+
+
+class InProcessRunTest(SavePathTest):
   """Tests whose runs train in the test's process (run_in_process).
 
   Attributes:
@@ -122,10 +138,7 @@ class InProcessRunTest(tf.test.TestCase):
 
   def setUp(self):
     super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.save = os.path.join(tmp.name, "save")
-    self.summary = os.path.join(tmp.name, "summary.json")
+    self.summary = os.path.join(self.tmp, "summary.json")
 
   def args(self, overrides=""):
     """learning_args on the corpus with `overrides`, saving to the test's."""

@@ -106,10 +106,6 @@ class OutputsTest(ptb_word_lm_testing.InProcessRunTest):
     cls._runs.cleanup()
     super().tearDownClass()
 
-  def setUp(self):
-    super().setUp()
-    self.tmp = os.path.dirname(self.save)
-
   def command(self, overrides="", *extra):
     """learning_args on the corpus with `overrides`, then `extra` flags."""
     return testing.learning_args(self.data, overrides) + list(extra)

@@ -55,7 +55,7 @@ def snapshot(directory):
           for name in sorted(os.listdir(directory)) if name != ".lock"}
 
 
-class RobustnessTest(tf.test.TestCase):
+class RobustnessTest(ptb_word_lm_testing.SavePathTest):
   """Signals, resumes, refused checkpoints and divergence.
 
   One reference run, in this process, trains the 3 epochs uninterrupted
@@ -105,12 +105,6 @@ class RobustnessTest(tf.test.TestCase):
   def tearDownClass(cls):
     cls._tmp.cleanup()
     super().tearDownClass()
-
-  def setUp(self):
-    super().setUp()
-    tmp = tempfile.TemporaryDirectory()
-    self.addCleanup(tmp.cleanup)
-    self.save = os.path.join(tmp.name, "save")
 
   def copy_of_finished(self):
     """The test's save_path, a copy of the reference run's; returns it."""
