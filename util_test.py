@@ -12,6 +12,7 @@ import tensorflow as tf
 from ptb import devices as devices_lib
 from ptb import kernels
 from ptb import lstm
+from ptb import lstm_test
 from ptb import testing
 import ptb_word_lm
 from ptb_word_lm_testing import build_tiny_model
@@ -304,12 +305,12 @@ class CudnnLayoutTest(tf.test.TestCase):
 class CudnnGpuTest(tf.test.TestCase):
 
   def testCudnnEqualsBasicValuesAndGradients(self):
-    inputs = testing.random_layer_inputs(num_steps=5, batch=3, input_size=4,
-                                         hidden=6)
+    inputs = lstm_test.random_layer_inputs(num_steps=5, batch=3, input_size=4,
+                                           hidden=6)
     results = {}
     for mode in (ptb_word_lm.BASIC, ptb_word_lm.CUDNN):
       with tf.Graph().as_default(), tf.device("/gpu:0"):
-        fetches = testing.layer_outputs(mode, inputs)
+        fetches = lstm_test.layer_outputs(mode, inputs)
         with tf.compat.v1.Session() as sess:
           results[mode] = sess.run(fetches)
     for basic, cudnn in zip(results[ptb_word_lm.BASIC],
