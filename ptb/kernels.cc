@@ -3,9 +3,8 @@
 // (LstmCell: BLOCK's cell on the CPU), the softmax layer's cross-entropy
 // over the logits (SoftmaxCrossEntropy), the SGD update by a gradient of
 // few rows x^T @ g applied in place (ApplyOuterProduct), and the machine's
-// limits for
-// benchmark.py: the FMA units' peak (FmaPeak) and the memory bandwidth
-// (StreamTriad). kernels.py says why and builds them.
+// limits for benchmark.py: the FMA units' peak (FmaPeak) and the memory
+// bandwidth (StreamTriad). kernels.py says why and builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
 // 32 columns, each [K, 32] contiguous; PanelMatMul then reads each panel as
