@@ -36,7 +36,6 @@ This port runs on current TensorFlow (graph mode through tf.compat.v1) with
 only tensorflow, numpy and absl-py.
 """
 
-import collections
 import copy
 import os
 import sys
@@ -67,12 +66,14 @@ from ptb import extra_flags
 from ptb import lstm
 from ptb import outputs
 from ptb import softmax
+from ptb import state as state_lib
 from ptb import summary as summary_lib
 from ptb import training
 from ptb import wavefront
 # The original's mode names, for the configs and the users of this module.
 from ptb.config import AUTO, BASIC, BLOCK, CUDNN
-from ptb.errors import UserError
+from ptb.params import create_params
+from ptb.state import TowerState
 from ptb.watch import SignalCatcher
 from ptb.watch import Watch
 import reader
@@ -99,16 +100,14 @@ flags.DEFINE_string(
     "config_overrides", None,
     "Comma-separated field=value pairs that change the chosen config for this "
     "run, e.g. max_epoch=1,max_max_epoch=2.")
-# The flags this port adds (threads, seed, checkpoints, memory log, cluster)
-# live in ptb/extra_flags.py; --help lists them with these.
+# The flags this port adds live in ptb/extra_flags.py; --help lists them.
 flags.adopt_module_key_flags(extra_flags)
 FLAGS = flags.FLAGS
 
 
-# The configs a run starts from; edit them in place, or override fields with
-# --config_overrides. rnn_mode AUTO picks BASIC on the CPU (this port's
-# fastest mode there) and BLOCK on GPUs (the original's default); a class
-# set to BASIC, BLOCK or CUDNN runs that mode.
+# The configs a run starts from: edit them in place, or override fields with
+# --config_overrides. rnn_mode AUTO runs BASIC on the CPU (the fastest there)
+# and BLOCK on GPUs (the original's default); BASIC, BLOCK or CUDNN run that.
 class SmallConfig(object):
   """Small config."""
   init_scale = 0.1
@@ -189,17 +188,13 @@ class PTBInput(object):
   """The input data.
 
   Attributes:
-    batch_size: rows per tower.
-    num_towers: towers fed by this input; the producer delivers
-      `num_towers * batch_size` rows.
-    num_steps: steps per window.
-    epoch_size: windows per epoch.
+    batch_size, num_steps: rows per tower, steps per window.
+    num_towers: towers fed; the producer delivers num_towers x batch_size rows.
+    epoch_size, num_calls: windows and session calls per epoch.
     steps_per_call: windows per session call (1 for training).
-    num_calls: session calls per epoch.
     input_data, targets: int32 `[num_towers * batch_size,
-      steps_per_call * num_steps]`.
-    weights: float32 like targets (0 on padding), or None when
-      steps_per_call == 1.
+      steps_per_call * num_steps]`; weights float32 like them (0 on
+      padding), or None when steps_per_call == 1.
     position: int64 local variable, calls served so far (see
       reader.producer); a resumed run sets it.
   """
@@ -229,30 +224,6 @@ class PTBInput(object):
                self.epoch_size - call * self.steps_per_call)
 
 
-class Params(collections.namedtuple(
-    "Params", ("embedding", "kernels", "biases", "softmax_w", "softmax_b"))):
-  """The model's weights.
-
-  Attributes:
-    embedding: `[vocab, hidden]`.
-    kernels, biases: one per layer, `[2 * hidden, 4 * hidden]` and
-      `[4 * hidden]`.
-    softmax_w, softmax_b: `[hidden, vocab]` and `[vocab]`.
-  """
-
-  def as_list(self):
-    """The variables in their creation order, the gradients' order."""
-    layers = [v for pair in zip(self.kernels, self.biases) for v in pair]
-    return [self.embedding] + layers + [self.softmax_w, self.softmax_b]
-
-
-# One tower's LSTM state: the local variable that carries it from call to
-# call, the initial and the final state (tuples of LSTMStateTuple), and the
-# dropout masks (see PTBModel.dropout_masks).
-TowerState = collections.namedtuple(
-    "TowerState", ("variable", "initial", "final", "masks"))
-
-
 class PTBModel(object):
   """The PTB model.
 
@@ -272,14 +243,13 @@ class PTBModel(object):
       devices: one device per tower.
       use_fp16: float16 variables and activations.
       replica: (index, count) of the processes that train together
-        (between-graph replication); with several, each step's update is
-        the average of one gradient from each (util.synchronous_update).
+        (util.train_op).
     """
     self._input = input_
     dtype = data_type(use_fp16)
 
     with tf.device(util.variable_device(devices)):
-      params = self._create_variables(config, dtype)
+      params = create_params(config, dtype)
       seeds = dropout.tower_seeds(
           len(devices), is_training and config.keep_prob < 1)
       if is_training:
@@ -304,63 +274,29 @@ class PTBModel(object):
     # The towers' average cost is the cost of one tower with all their rows.
     self._cost = costs[0] if len(costs) == 1 else tf.add_n(costs) / len(costs)
 
-    done = [self._cost]
     if is_training:
       with tf.device(util.variable_device(devices)):
-        grads = util.average_gradients(tower_grads)
-        optimizer = util.ClippedGradientDescent(self._lr, config.max_grad_norm)
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        if replica[1] > 1:
-          self._train_op = util.synchronous_update(
-              zip(grads, variables), optimizer, global_step, *replica)
-        else:
-          self._train_op = optimizer.apply_gradients(
-              zip(grads, variables), global_step=global_step)
-      done = [self._train_op]
-    # The state is stored only after the step has used the old one.
-    with tf.control_dependencies(done):
-      self._update_state = tf.group(
-          *[s.variable.assign(util.pack_state(s.final)) for s in self._states])
-    self._reset_state = tf.group(
-        *[s.variable.initializer for s in self._states])
-
-  def _create_variables(self, config, dtype):
-    """Creates the shared weights: the embedding, each layer's, the softmax."""
-    size, vocab = config.hidden_size, config.vocab_size
-    embedding = tf.compat.v1.get_variable("embedding", [vocab, size], dtype)
-    kernels, biases = [], []
-    for layer in range(config.num_layers):
-      with tf.compat.v1.variable_scope("RNN/cell_%d" % layer):
-        kernels.append(tf.compat.v1.get_variable(
-            "kernel", [2 * size, 4 * size], dtype))
-        biases.append(tf.compat.v1.get_variable("bias", [4 * size], dtype))
-    softmax_w = tf.compat.v1.get_variable("softmax_w", [size, vocab], dtype)
-    softmax_b = tf.compat.v1.get_variable("softmax_b", [vocab], dtype)
-    return Params(embedding, kernels, biases, softmax_w, softmax_b)
+        self._train_op = util.train_op(tower_grads, variables, self._lr,
+                                       config.max_grad_norm, replica)
+    self._update_state, self._reset_state = state_lib.store_and_reset(
+        self._states, [self._train_op if is_training else self._cost])
 
   def _build_tower(self, input_data, targets, weights, params, config, dtype,
                    seed):
-    """Builds one tower's forward pass and cost.
+    """One tower's (cost, TowerState); cost sums the batch-averaged loss.
 
     Args:
       input_data, targets: int32 `[batch, steps]`.
       weights: float32 `[batch, steps]` or None (all ones).
       seed: int64 `[2]`, this tower's dropout seed, or None (no dropout).
-
-    Returns:
-      (cost, state): the sum over time of the batch-averaged cross-entropy,
-      and the tower's TowerState.
     """
     batch_size = input_data.shape[0]
     size, num_layers = config.hidden_size, config.num_layers
 
-    # The original fed the state through feed_dict, and with --num_gpus=0
-    # it re-imported zero replicas of the training state: nothing was fed
-    # and every step started from zeros. Here the state lives in the graph,
-    # the same way on every device setting.
-    state_var = util.local_variable(
-        tf.zeros([num_layers, 2, batch_size, size], dtype), "lstm_state")
-    initial_state = util.unpack_state(state_var.read_value(), num_layers)
+    # The state lives in the graph (the original fed it, and not at all
+    # with --num_gpus=0): a step needs no feed.
+    state_var, initial_state = state_lib.tower_state(num_layers, batch_size,
+                                                     size, dtype)
 
     # Time-major from here on: [steps, batch, ...].
     inputs = tf.nn.embedding_lookup(params.embedding, tf.transpose(input_data))
@@ -403,12 +339,7 @@ class PTBModel(object):
 
   @property
   def dropout_masks(self):
-    """The first tower's dropout masks: {} without dropout, else a dict.
-
-    "input" (on the embeddings), "layers" (one per layer but the last, on
-    its outputs) and "output" (before the softmax), each `[steps, batch,
-    hidden]` of 0 and 1 / keep_prob, drawn anew at every session call.
-    """
+    """The first tower's dropout masks ({} without): dropout.model_masks."""
     return self._states[0].masks
 
   @property
@@ -446,10 +377,10 @@ def run_epoch(session, model, eval_op=None, verbose=False, start=None,
     model: a PTBModel.
     eval_op: an op to run with every step (the training op), or None.
     verbose: print the progress line about ten times.
-    start: (step, costs) to resume a pass part-way, with the model's state
-      and input position restored from a checkpoint; None starts afresh.
-    on_step: called as on_step(step, cost, costs) after every session call;
-      it may raise to stop the pass.
+    start: (step, costs) to resume a pass part-way (state and input
+      position restored from a checkpoint); None starts afresh.
+    on_step: on_step(step, cost, costs) after every session call; it may
+      raise to stop the pass.
 
   Returns:
     The perplexity of the pass.
@@ -489,11 +420,10 @@ def get_config(model, rnn_mode=None):
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
                 steps_per_call=1, reuse=False, replica=(0, 1)):
-  """Builds one PTBInput and PTBModel under `name` ("Train", "Valid", ...).
+  """One PTBInput and PTBModel under `name` ("Train", "Valid", ...).
 
-  The weights live in the variable scope "Model": the first model creates
-  them (reuse=False), the others share them. `replica` is (worker index,
-  workers) when several processes train together.
+  The first model creates the weights in variable scope "Model"
+  (reuse=False), the others share them; `replica` as in PTBModel.
   """
   initializer = tf.compat.v1.random_uniform_initializer(
       -config.init_scale, config.init_scale)
@@ -510,14 +440,11 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
                  replica=(0, 1)):
-  """The Train, Valid and Test models, which share one set of variables.
+  """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
-  Validation and test run `eval_unroll // num_steps` consecutive windows per
-  session call, unrolled in the graph with the state carried inside: the
-  same numbers in far fewer calls.
-
-  Returns:
-    (m, mvalid, mtest), as the original names them.
+  Validation and test run `eval_unroll // num_steps` windows per session
+  call, unrolled in the graph with the state carried inside: the same
+  numbers in far fewer calls.
   """
   train_data, valid_data, test_data = data
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
@@ -537,12 +464,9 @@ def main(_):
   cluster = cluster_lib.from_flags(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       os.environ.get("TF_CONFIG"))
-  if cluster and cluster.job_name == "ps":
-    cluster_lib.run_ps(cluster, FLAGS.cluster_timeout)
+  if cluster_lib.ps_task_done(cluster, FLAGS.cluster_timeout,
+                              FLAGS.save_every_steps):
     return
-  if cluster and FLAGS.save_every_steps:
-    raise UserError("--save_every_steps is for one process: a cluster saves "
-                    "at the end of every epoch", exit_code=2)
   outputs.check_all(FLAGS.save_path, FLAGS.memory_log, FLAGS.summary_json)
   config = config_lib.resolve_config(get_config(FLAGS.model, FLAGS.rnn_mode),
                                      FLAGS.num_gpus, FLAGS.config_overrides)

@@ -194,3 +194,24 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
     token = tokens[replica].dequeue()
   with tf.control_dependencies([token]):
     return local_step.assign_add(1)
+
+
+def train_op(tower_grads, variables, lr, max_grad_norm, replica=(0, 1)):
+  """The training op: the towers' average gradient, clipped, applied by SGD.
+
+  Args:
+    tower_grads: one list of gradients per tower, in the order of variables.
+    variables: the trainable variables.
+    lr: the learning rate (a variable).
+    max_grad_norm: the global norm the gradients are clipped to.
+    replica: (index, count) of the processes that train together; with
+      several, each step's update is the average of one gradient from each
+      (synchronous_update).
+  """
+  grads_and_vars = zip(average_gradients(tower_grads), variables)
+  optimizer = ClippedGradientDescent(lr, max_grad_norm)
+  global_step = tf.compat.v1.train.get_or_create_global_step()
+  if replica[1] > 1:
+    return synchronous_update(grads_and_vars, optimizer, global_step,
+                              *replica)
+  return optimizer.apply_gradients(grads_and_vars, global_step=global_step)

@@ -140,6 +140,23 @@ def done_ops(cluster):
       cluster.task_index) for i in range(len(cluster.ps_hosts))]
 
 
+def ps_task_done(cluster, timeout, save_every_steps):
+  """Runs this process's ps task to its end, if it is one.
+
+  Returns:
+    True for a ps task, once its workers are done; False for a worker or a
+    single process. A worker is refused --save_every_steps: a cluster saves
+    at the end of every epoch.
+  """
+  if cluster and cluster.job_name == "ps":
+    run_ps(cluster, timeout)
+    return True
+  if cluster and save_every_steps:
+    raise UserError("--save_every_steps is for one process: a cluster saves "
+                    "at the end of every epoch", exit_code=2)
+  return False
+
+
 def run_ps(cluster, timeout, log=print):
   """Serves variables until every worker is done; returns when they are.
 

@@ -14,6 +14,12 @@ import tensorflow as tf
 # output. Both are `[batch_size, hidden_size]`.
 LSTMStateTuple = collections.namedtuple("LSTMStateTuple", ("c", "h"))
 
+# One tower's LSTM state: the local variable that carries it from call to
+# call, the initial and the final state (tuples of LSTMStateTuple), and the
+# dropout masks (see ptb_word_lm.PTBModel.dropout_masks).
+TowerState = collections.namedtuple(
+    "TowerState", ("variable", "initial", "final", "masks"))
+
 
 def pack_state(state):
   """Packs a tuple of LSTMStateTuple into one `[layers, 2, batch, hidden]`."""
@@ -40,3 +46,37 @@ def local_variable(initial_value, name):
     return tf.compat.v1.Variable(
         initial_value, trainable=False, name=name,
         collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+
+def tower_state(num_layers, batch_size, hidden_size, dtype):
+  """A tower's LSTM state variable and the initial state read from it.
+
+  The original fed the state through feed_dict, and with --num_gpus=0 it
+  re-imported zero replicas of the training state: nothing was fed and every
+  step started from zeros. Here the state lives in the graph, the same way
+  on every device setting.
+
+  Returns:
+    (the `[layers, 2, batch, hidden]` local variable, its value as a tuple
+    of LSTMStateTuple).
+  """
+  variable = local_variable(
+      tf.zeros([num_layers, 2, batch_size, hidden_size], dtype), "lstm_state")
+  return variable, unpack_state(variable.read_value(), num_layers)
+
+
+def store_and_reset(states, after):
+  """The ops that store and that zero the towers' LSTM states.
+
+  Args:
+    states: one TowerState per tower.
+    after: the ops of the step (cost, training op): the final state is
+      stored only once the step has read the old one.
+
+  Returns:
+    (update: stores each final state in its variable, reset: zeroes them).
+  """
+  with tf.control_dependencies(after):
+    update = tf.group(*[s.variable.assign(pack_state(s.final))
+                        for s in states])
+  return update, tf.group(*[s.variable.initializer for s in states])
