@@ -236,15 +236,18 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
         session.run(fetches)
         if i == 0:
           monitor.release_library_pages()
+      faults = monitor.page_faults()
       start = time.perf_counter()
       for _ in range(FLAGS.steps):
         cost = session.run(fetches)[0]
       elapsed = time.perf_counter() - start
+      faults = monitor.page_faults() - faults
   words = FLAGS.steps * config.batch_size * config.num_steps * len(devices)
   wps = words / elapsed
   flops = train_flops_per_word(config)
   return {"model": model_name, "rnn_mode": config.rnn_mode.upper(),
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
+          "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "recurrent": recurrent,
           "softmax": softmax,
@@ -345,6 +348,7 @@ def main(_):
             "gflops=%(gflops).1f ceiling_gflops=%(ceiling_gflops).1f "
             "mfu=%(mfu).3f %(peak)s %(roofline)s "
             "peak_rss_mib=%(peak_rss_mib).0f "
+            "page_faults_per_step=%(page_faults_per_step).0f "
             "recurrent=%(recurrent)s softmax=%(softmax)s matmul=%(matmul)s" %
             dict(r, peak=_peak_text(r), roofline=_roofline_text(r)),
             flush=True)

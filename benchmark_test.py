@@ -185,7 +185,8 @@ class InProcessBenchmarkTest(tf.test.TestCase):
       self.assertRegex(row, r"^model=test rnn_mode=%s wps=\d+ "
                        r"train_flops_per_word=\S+ gflops=\S+ "
                        r"ceiling_gflops=\S+ mfu=\S+ %s %s peak_rss_mib=\d+ "
-                       r"recurrent=\S+ softmax=%s matmul=onednn$"
+                       r"page_faults_per_step=\d+ recurrent=\S+ softmax=%s "
+                       r"matmul=onednn$"
                        % (mode, _peak_fields(), _roofline_fields(),
                           _softmax_path()))
     self.assertRegex(lines[-1], r"^wps: \d+$")

@@ -19,10 +19,14 @@ there are some (peak_rss_mib includes TensorFlow, which the reader and the
 configs import):
 
   python3 torch_peer.py --model=small --steps=60 --warmup=5
-  model=small torch=V threads=T steps=60 seconds=S last_loss=L peak_rss_mib=M
+  model=small torch=V threads=T steps=60 seconds=S last_loss=L \
+      peak_rss_mib=M page_faults_per_step=F      (one line)
   wps: N
 
-last_loss is the last step's cross-entropy per word. A learning curve, with
+last_loss is the last step's cross-entropy per word; page_faults_per_step
+counts the timed steps' page faults: with glibc malloc's defaults torch's
+large gradients come back as fresh pages every step (docs/performance.md
+tells how to make malloc keep them). A learning curve, with
 `--epochs=N`: N epochs with the tutorial's learning-rate schedule, printing
 ptb_word_lm.py's lines (`Epoch: 1 Learning rate: 1.000`, the progress
 lines, `Epoch: 1 Train Perplexity: X`, `Epoch: 1 Valid Perplexity: X`),
@@ -269,13 +273,15 @@ def measure_speed(model, config, train_ids, steps, warmup):
   zeros at the start of each pass.
 
   Returns:
-    (words per second, seconds, the last step's cost per word).
+    (words per second, seconds, the last step's cost per word, page faults
+    per timed step).
   """
   inputs, targets = windows(train_ids, config.batch_size, config.num_steps)
   lr = epoch_learning_rate(config, 0)
   model.train()
   for i in range(warmup + steps):
     if i == warmup:
+      faults = monitor.page_faults()
       start = time.perf_counter()
     window = i % len(inputs)
     if window == 0:
@@ -283,8 +289,9 @@ def measure_speed(model, config, train_ids, steps, warmup):
     cost, _, state = train_step(model, inputs[window], targets[window], state,
                                 lr, config.max_grad_norm)
   seconds = time.perf_counter() - start
+  faults = monitor.page_faults() - faults
   words = steps * config.batch_size * config.num_steps
-  return words / seconds, seconds, cost / config.num_steps
+  return words / seconds, seconds, cost / config.num_steps, faults / steps
 
 
 def parse_args(argv):
@@ -327,13 +334,13 @@ def main(argv=None):
   if args.epochs:
     train_epochs(model, config, data, args.epochs)
     return
-  wps, seconds, loss = measure_speed(model, config, data[0], args.steps,
-                                     args.warmup)
+  wps, seconds, loss, faults = measure_speed(model, config, data[0],
+                                             args.steps, args.warmup)
   print("model=%s%s torch=%s threads=%d steps=%d seconds=%.2f last_loss=%.3f "
-        "peak_rss_mib=%.0f" % (
+        "peak_rss_mib=%.0f page_faults_per_step=%.0f" % (
             args.model, " " + args.config_overrides if args.config_overrides
             else "", torch.__version__, torch.get_num_threads(), args.steps,
-            seconds, loss, monitor.peak_rss_mib()))
+            seconds, loss, monitor.peak_rss_mib(), faults))
   print("wps: %.0f" % wps)
 
 

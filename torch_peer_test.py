@@ -279,7 +279,8 @@ class MainTest(OneThreadTestCase):
     self.assertLen(lines, 2)
     match = re.fullmatch(r"model=test torch=\S+ threads=\d+ steps=3 "
                          r"seconds=(\d+\.\d\d) last_loss=(\d+\.\d{3}) "
-                         r"peak_rss_mib=\d+", lines[0])
+                         r"peak_rss_mib=\d+ page_faults_per_step=\d+",
+                         lines[0])
     self.assertIsNotNone(match, lines[0])
     # The last step's cross-entropy per word: near log(10,000) = 9.2 for
     # the test config's vocabulary after four steps.

@@ -70,6 +70,18 @@ def peak_rss_mib():
   return max(_rusage_peak_mib(), _statm_rss_mib() or 0.0)
 
 
+def page_faults():
+  """Returns the page faults this process has taken so far (getrusage).
+
+  Minor and major faults together. A page faults when the process first
+  touches it, and again after the allocator has given it back to the
+  system: a program that keeps its memory takes few per training step, one
+  whose malloc unmaps large blocks takes one per page of them, every step.
+  """
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_minflt + usage.ru_majflt
+
+
 def reset_peak_rss():
   """Lowers the peak RSS to the current RSS, so that it measures what follows.
 
