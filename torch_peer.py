@@ -19,8 +19,8 @@ there are some (peak_rss_mib includes TensorFlow, which the reader and the
 configs import):
 
   python3 torch_peer.py --model=small --steps=60 --warmup=5
-  model=small torch=V threads=T steps=60 seconds=S last_loss=L \
-      peak_rss_mib=M page_faults_per_step=F      (one line)
+  model=small torch=V threads=T steps=60 seconds=S last_loss=L
+      peak_rss_mib=M page_faults_per_step=F      (one line, folded here)
   wps: N
 
 last_loss is the last step's cross-entropy per word; page_faults_per_step

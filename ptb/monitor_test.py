@@ -41,12 +41,14 @@ class RssTest(unittest.TestCase):
     del buf
 
   def testPageFaultsCountEachFreshPage(self):
-    # An anonymous mapping faults once a page at its first write (huge pages
-    # turned off for it), and again once it has been unmapped and mapped
-    # anew: what a malloc that returns large blocks costs every step.
+    # A private anonymous mapping, as malloc makes for a large block, faults
+    # once a page at its first write (huge pages turned off for it), and
+    # again once it has been unmapped and mapped anew: what a malloc that
+    # returns large blocks costs every step.
     pages = 4096
     for _ in range(2):
-      with mmap.mmap(-1, pages * mmap.PAGESIZE) as m:
+      with mmap.mmap(-1, pages * mmap.PAGESIZE,
+                     flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as m:
         if hasattr(mmap, "MADV_NOHUGEPAGE"):
           m.madvise(mmap.MADV_NOHUGEPAGE)
         before = monitor.page_faults()
