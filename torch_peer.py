@@ -30,10 +30,13 @@ tells how to make malloc keep them). A learning curve, with
 `--epochs=N`: N epochs with the tutorial's learning-rate schedule, printing
 ptb_word_lm.py's lines (`Epoch: 1 Learning rate: 1.000`, the progress
 lines, `Epoch: 1 Train Perplexity: X`, `Epoch: 1 Valid Perplexity: X`),
-then `Test Perplexity: X`.
+then `Test Perplexity: X`. With `--save_path=DIR` the model is saved after
+every epoch (DIR/torch_peer.pt), and the same command run again resumes
+after the last saved epoch: a curve of many epochs need not run in one go.
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -244,7 +247,48 @@ def run_epoch(model, inputs, targets, lr=None, max_grad_norm=None,
   return np.exp(costs / (epoch_size * num_steps))
 
 
-def train_epochs(model, config, data, epochs):
+def _curve_fields(config):
+  """The config's fields that a saved curve must continue with."""
+  fields = config_lib.config_fields(config)
+  return {k: v for k, v in fields.items()
+          if k not in ("rnn_mode", "max_max_epoch")}
+
+
+def save_epoch(path, model, config, epoch):
+  """Saves the model after `epoch` epochs, with torch's random state.
+
+  Each pass starts from a zero state, so the weights, the epoch and the
+  dropout's random state are all a resume needs. The file is replaced
+  whole (written beside it, then renamed).
+  """
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  torch.save({"epoch": epoch, "config": _curve_fields(config),
+              "model": model.state_dict(), "rng": torch.get_rng_state()},
+             path + ".tmp")
+  os.replace(path + ".tmp", path)
+
+
+def load_epoch(path, model, config):
+  """Loads what save_epoch saved into `model`; returns the epochs done.
+
+  Returns 0 where there is no file.
+
+  Raises:
+    UserError: the file was saved with another config.
+  """
+  if not os.path.exists(path):
+    return 0
+  saved = torch.load(path, weights_only=False)
+  if saved["config"] != _curve_fields(config):
+    raise UserError("%s was saved with another config: %s; use another "
+                    "--save_path" % (path, saved["config"]))
+  model.load_state_dict(saved["model"])
+  torch.set_rng_state(saved["rng"])
+  print("Resuming from epoch %d of %s" % (saved["epoch"], path), flush=True)
+  return saved["epoch"]
+
+
+def train_epochs(model, config, data, epochs, save_path=None):
   """Trains `epochs` epochs and tests, printing ptb_word_lm.py's lines.
 
   Args:
@@ -252,10 +296,14 @@ def train_epochs(model, config, data, epochs):
     config: its config.
     data: (train, valid, test) id lists.
     epochs: how many epochs.
+    save_path: a directory to save the model in after each epoch, and to
+      resume from; None saves nothing.
   """
   train, valid = (windows(ids, config.batch_size, config.num_steps)
                   for ids in data[:2])
-  for epoch in range(epochs):
+  path = save_path and os.path.join(save_path, "torch_peer.pt")
+  done = load_epoch(path, model, config) if path else 0
+  for epoch in range(done, epochs):
     lr = epoch_learning_rate(config, epoch)
     print("Epoch: %d Learning rate: %.3f" % (epoch + 1, lr), flush=True)
     perplexity = run_epoch(model, *train, lr, config.max_grad_norm, True)
@@ -263,6 +311,8 @@ def train_epochs(model, config, data, epochs):
     print("Epoch: %d Valid Perplexity: %.3f" % (epoch + 1,
                                                 run_epoch(model, *valid)),
           flush=True)
+    if path:
+      save_epoch(path, model, config, epoch + 1)
   print("Test Perplexity: %.3f" % run_epoch(model, *windows(data[2], 1, 1)))
 
 
@@ -309,6 +359,9 @@ def parse_args(argv):
   parser.add_argument("--epochs", type=int, default=0,
                       help="instead of timing: train this many epochs with "
                       "the tutorial's schedule, printing perplexities")
+  parser.add_argument("--save_path", default=None,
+                      help="with --epochs: save the model here after each "
+                      "epoch, and resume from it")
   parser.add_argument("--seed", type=int, default=0,
                       help="torch's random seed")
   parser.add_argument("--config_overrides", default="",
@@ -332,7 +385,7 @@ def main(argv=None):
   torch.manual_seed(args.seed)
   model = PTBModel(config)
   if args.epochs:
-    train_epochs(model, config, data, args.epochs)
+    train_epochs(model, config, data, args.epochs, args.save_path)
     return
   wps, seconds, loss, faults = measure_speed(model, config, data[0],
                                              args.steps, args.warmup)

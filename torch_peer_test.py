@@ -22,6 +22,7 @@ import tensorflow as tf
 from ptb.testing import HERE
 from ptb.testing import TinyConfig
 from ptb.testing import make_corpus
+from ptb.errors import UserError
 from ptb.training import epoch_learning_rate
 from ptb_word_lm_test import LINE_FORMATS
 from ptb_word_lm_test import _tutorial_training
@@ -270,6 +271,30 @@ class MainTest(OneThreadTestCase):
     self.assertEqual(fractions, ["%.3f" % (s / epoch_size)
                                  for s in printed] * 2)
     self.assertRegex(lines[-1], r"^Test Perplexity: ")
+
+  def testEpochsResumeAfterTheSavedEpoch(self):
+    def curve(out):
+      # The lines but for speeds: learning rates and perplexities.
+      return [l.split(" speed:")[0] for l in out.splitlines()
+              if l.startswith(("Epoch", "Test", "0."))]
+
+    with tempfile.TemporaryDirectory() as tmp:
+      make_corpus(tmp, train_lines=100)
+      # With dropout, so that the resumed epoch needs torch's random state.
+      args = ["--data_path=" + tmp, "--model=test", "--config_overrides="
+              "max_epoch=1,vocab_size=31,keep_prob=0.5"]
+      whole = run_main(*args, "--epochs=2")
+      save = os.path.join(tmp, "peer")
+      first = run_main(*args, "--epochs=1", "--save_path=" + save)
+      resumed = run_main(*args, "--epochs=2", "--save_path=" + save)
+      with self.assertRaisesRegex(UserError, "saved with another config"):
+        run_main(args[0], args[1], args[2].replace("0.5", "0.4"),
+                 "--epochs=3", "--save_path=" + save)
+    self.assertIn("Resuming from epoch 1 of %s\n"
+                  % os.path.join(save, "torch_peer.pt"), resumed)
+    self.assertLen(curve(whole), 2 * curve(whole).index(
+        "Epoch: 2 Learning rate: 0.500") + 1)
+    self.assertEqual(curve(first)[:-1] + curve(resumed), curve(whole))
 
   def testSpeedPrintsTheSharedPeersTwoLines(self):
     with tempfile.TemporaryDirectory() as tmp:
