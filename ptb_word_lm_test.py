@@ -22,6 +22,7 @@ from ptb import low_rank_update
 from ptb import lstm
 from ptb import monitor
 from ptb import training
+from ptb import transposed_product
 from ptb import wavefront
 from ptb.errors import UserError
 from ptb.testing import HERE
@@ -446,6 +447,24 @@ class TrainingTrajectoryTest(tf.test.TestCase):
   def testBlockWithDenseGradients(self):
     with mock.patch.object(low_rank_update, "MAX_ROWS", 0):
       self._check(config_lib.BLOCK, None, hidden=16, batch=4)
+
+  def testSwappedTransposedProducts(self):
+    # Every a @ w^T of the backward pass swapped (transposed_product.py):
+    # the softmax layer's, the layers' input gradients and, with 4 steps,
+    # the per-step recurrent ones.
+    swaps, real = [], transposed_product.swapped
+    def spy(a, w):
+      swaps.append(real(a, w))
+      return swaps[-1]
+    with mock.patch.object(transposed_product, "MIN_WEIGHT", 0), \
+        mock.patch.object(transposed_product, "swapped", spy):
+      for mode, chunk in ((config_lib.BASIC, 2), (config_lib.BLOCK, None)):
+        with self.subTest(mode=mode):
+          del swaps[:]
+          self._check(mode, chunk, hidden=16, batch=4)
+          # 1 softmax, 2 layers x (input gradients, 3 recurrent steps).
+          self.assertGreaterEqual(len(swaps), 1 + 2 * 4)
+          self.assertTrue(all(swaps))
 
 
 class RunTest(tf.test.TestCase):

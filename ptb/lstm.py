@@ -46,6 +46,7 @@ import tensorflow as tf
 
 from ptb import kernels as kernels_lib
 from ptb import low_rank_update
+from ptb import transposed_product
 from ptb import wavefront
 from ptb.config import BASIC, BLOCK, CUDNN
 from ptb.state import LSTMStateTuple
@@ -106,7 +107,7 @@ def _backward_product(w_h, like, steps):
     return lambda d_gates: library.panel_mat_mul(d_gates, panels, zeros)
   if steps < KERNEL_MIN_STEPS:
     # Too few products to pay for a transposed copy either.
-    return lambda d_gates: tf.matmul(d_gates, w_h, transpose_b=True)
+    return lambda d_gates: transposed_product.matmul_transposed(d_gates, w_h)
   # w_h transposed once, so that the per-step product needs no transpose_b
   # (faster per step). Grappler would fold a Transpose that feeds a MatMul
   # back into transpose_b=True; the Snapshot between them (it forwards its
@@ -257,7 +258,10 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
           cs_grad=d_c, h_grad=d_h, use_peephole=False, **step)
       d_h = product(d_gates[s])
     gate_blocks[k] = tf.stack(d_gates)                       # [C, B, 4H]
-    d_x[k] = tf.tensordot(gate_blocks[k], w_x, [[2], [1]])
+    flat_gates = tf.reshape(gate_blocks[k], [-1, 4 * hidden])
+    d_x[k] = tf.reshape(
+        transposed_product.matmul_transposed(flat_gates, w_x),
+        [sizes[k], -1, input_size])                           # [C, B, I]
     end = start
   flat_g = tf.reshape(wavefront.join_time(gate_blocks),
                       [-1, 4 * hidden])                       # [T*B, 4H]

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from ptb import kernels
 from ptb import low_rank_update
+from ptb import transposed_product
 
 
 # Below this probability of the target word, -log(p) loses precision (and
@@ -57,7 +58,7 @@ def _softmax_grads(inputs, softmax_w, d_logits, d_loss):
     (d_inputs `[N, H]`, d_w `[H, V]`, d_b `[V]`).
   """
   scale = tf.cast(d_loss, inputs.dtype)[:, None]
-  d_inputs = tf.matmul(d_logits, softmax_w, transpose_b=True) * scale
+  d_inputs = transposed_product.matmul_transposed(d_logits, softmax_w) * scale
   scaled = tf.concat([inputs, tf.ones_like(scale)], 1) * scale  # [N, H+1]
   d_wb = tf.matmul(scaled, d_logits, transpose_a=True)          # [H+1, V]
   d_w, d_b = tf.split(d_wb, [inputs.shape[1], 1])
