@@ -80,6 +80,12 @@ using OuterBlockFn = void (*)(const float* x, int64_t M, int64_t K,
 // Stands for a whole vector where the kernels take a tail's lane mask.
 struct Full {};
 
+// Put before the loops over a register tile (rows x vectors): GCC then
+// unrolls them before it splits the tile's array into registers, and the
+// accumulators no longer pass through the stack between the loops
+// (ApplyOuterProduct 5 to 10 % faster on the Zen 4).
+#define PTB_TILE_LOOP _Pragma("GCC unroll 16")
+
 }  // namespace
 }  // namespace tensorflow
 
@@ -854,7 +860,9 @@ void Tile(const float* a, int64_t lda, const float* panel, int64_t K,
           const float* x, float* c, int64_t ldc, const Mask* masks,
           uintptr_t next) {
   T acc[R][kVectors];
+  PTB_TILE_LOOP
   for (int r = 0; r < R; ++r) {
+    PTB_TILE_LOOP
     for (int j = 0; j < kVectors; ++j) acc[r][j] = V::Zero();
   }
   for (int64_t k = 0; k < K; ++k) {
@@ -870,19 +878,24 @@ void Tile(const float* a, int64_t lda, const float* panel, int64_t K,
       _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
     }
     T b[kVectors];
+    PTB_TILE_LOOP
     for (int j = 0; j < kVectors; ++j) {
       b[j] = V::Load(panel + kPanel * k + kW * j);
     }
+    PTB_TILE_LOOP
     for (int r = 0; r < R; ++r) {
       const T av = V::Set1(a[r * lda + k]);
+      PTB_TILE_LOOP
       for (int j = 0; j < kVectors; ++j) {
         acc[r][j] = V::FMAdd(av, b[j], acc[r][j]);
       }
     }
   }
+  PTB_TILE_LOOP
   for (int r = 0; r < R; ++r) {
     const float* xr = x + r * ldc;
     float* cr = c + r * ldc;
+    PTB_TILE_LOOP
     for (int j = 0; j < kVectors; ++j) {
       const T xj = V::LoadMasked(xr + kW * j, masks[j]);
       V::StoreMasked(cr + kW * j, V::Add(acc[r][j], xj), masks[j]);
@@ -970,7 +983,9 @@ template <int R, class Part>
 void OuterTile(const float* x, int64_t ldx, const float* g, int64_t ldg,
                int64_t M, float* w, int64_t ldw, T alpha, const Part* parts) {
   T acc[R][kOuterVectors];
+  PTB_TILE_LOOP
   for (int r = 0; r < R; ++r) {
+    PTB_TILE_LOOP
     for (int j = 0; j < kOuterVectors; ++j) acc[r][j] = V::Zero();
   }
   // Addresses, not pointers: the last tiles' point past their rows (into
@@ -984,18 +999,23 @@ void OuterTile(const float* x, int64_t ldx, const float* g, int64_t ldg,
       _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
     }
     T b[kOuterVectors];
+    PTB_TILE_LOOP
     for (int j = 0; j < kOuterVectors; ++j) {
       b[j] = LoadPart(g + m * ldg + kW * j, parts[j]);
     }
+    PTB_TILE_LOOP
     for (int r = 0; r < R; ++r) {
       const T av = V::Set1(x[m * ldx + r]);
+      PTB_TILE_LOOP
       for (int j = 0; j < kOuterVectors; ++j) {
         acc[r][j] = V::FMAdd(av, b[j], acc[r][j]);
       }
     }
   }
+  PTB_TILE_LOOP
   for (int r = 0; r < R; ++r) {
     float* wr = w + r * ldw;
+    PTB_TILE_LOOP
     for (int j = 0; j < kOuterVectors; ++j) {
       const T old = LoadPart(wr + kW * j, parts[j]);
       StorePart(wr + kW * j, V::FMAdd(alpha, acc[r][j], old), parts[j]);
