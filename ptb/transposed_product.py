@@ -25,11 +25,9 @@ MIN_WEIGHT = 1 << 20
 
 def swapped(a, w):
   """Whether matmul_transposed(a, w) swaps the product's operands."""
-  rows = a.shape[0]
-  return (rows is not None and rows <= MAX_ROWS and
-          w.shape.num_elements() is not None and
-          w.shape.num_elements() >= MIN_WEIGHT and
-          "GPU" not in a.device.upper())
+  rows, size = a.shape[0], w.shape.num_elements()
+  return (rows is not None and size is not None and rows <= MAX_ROWS and
+          size >= MIN_WEIGHT and "GPU" not in a.device.upper())
 
 
 def matmul_transposed(a, w):
