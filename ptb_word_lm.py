@@ -233,7 +233,7 @@ class PTBModel(object):
   """
 
   def __init__(self, is_training, config, input_, devices=("/cpu:0",),
-               use_fp16=False, replica=(0, 1)):
+               use_fp16=False, replica=(0, 1), carry_state=True):
     """Builds the model.
 
     Args:
@@ -244,6 +244,8 @@ class PTBModel(object):
       use_fp16: float16 variables and activations.
       replica: (index, count) of the processes that train together
         (util.train_op).
+      carry_state: each step starts from the previous step's final state;
+        False starts every step from zeros (--train_from_zero_state).
     """
     self._input = input_
     dtype = data_type(use_fp16)
@@ -279,7 +281,8 @@ class PTBModel(object):
         self._train_op = util.train_op(tower_grads, variables, self._lr,
                                        config.max_grad_norm, replica)
     self._update_state, self._reset_state = state_lib.store_and_reset(
-        self._states, [self._train_op if is_training else self._cost])
+        self._states, [self._train_op if is_training else self._cost],
+        carry_state)
 
   def _build_tower(self, input_data, targets, weights, params, config, dtype,
                    seed):
@@ -419,11 +422,13 @@ def get_config(model, rnn_mode=None):
 
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
-                steps_per_call=1, reuse=False, replica=(0, 1)):
+                steps_per_call=1, reuse=False, replica=(0, 1),
+                carry_state=True):
   """One PTBInput and PTBModel under `name` ("Train", "Valid", ...).
 
   The first model creates the weights in variable scope "Model"
-  (reuse=False), the others share them; `replica` as in PTBModel.
+  (reuse=False), the others share them; `replica` and `carry_state` as in
+  PTBModel.
   """
   initializer = tf.compat.v1.random_uniform_initializer(
       -config.init_scale, config.init_scale)
@@ -435,20 +440,23 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
                                      initializer=initializer):
       return PTBModel(is_training=is_training, config=config, input_=input_,
                       devices=devices, use_fp16=use_fp16,
-                      replica=replica if is_training else (0, 1))
+                      replica=replica if is_training else (0, 1),
+                      carry_state=carry_state)
 
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
-                 replica=(0, 1)):
+                 replica=(0, 1), train_from_zero_state=False):
   """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
   Validation and test run `eval_unroll // num_steps` windows per session
   call, unrolled in the graph with the state carried inside: the same
-  numbers in far fewer calls.
+  numbers in far fewer calls. They always carry their state; training does
+  unless `train_from_zero_state`.
   """
   train_data, valid_data, test_data = data
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
-                        replica=replica)]
+                        replica=replica,
+                        carry_state=not train_from_zero_state)]
   for name, eval_cfg, ids in (("Valid", config, valid_data),
                               ("Test", eval_config, test_data)):
     models.append(build_model(
@@ -483,9 +491,12 @@ def main(_):
   # refused run (a lock held, a checkpoint this config cannot continue).
   chief = training.is_chief(cluster)
   outputs.lock(FLAGS.save_path, chief)
-  resume = training.find_resume(FLAGS.save_path, config, devices, cluster)
+  record = training.run_record(config, devices, cluster,
+                               FLAGS.train_from_zero_state)
+  resume = training.find_resume(FLAGS.save_path, record, cluster)
   summary = summary_lib.Summary(FLAGS.summary_json, sys.argv, FLAGS.model,
-                                config, devices, start_time)
+                                config, devices, start_time,
+                                FLAGS.train_from_zero_state)
   with training.memory_log(FLAGS.memory_log, FLAGS.memory_interval, devices,
                            FLAGS.save_path) as sampler:
     with tf.Graph().as_default() as graph, training.placement(cluster):
@@ -493,10 +504,9 @@ def main(_):
         tf.compat.v1.set_random_seed(FLAGS.seed)
       m, mvalid, mtest = build_models(config, eval_config, data, devices,
                                       FLAGS.use_fp16, FLAGS.eval_unroll,
-                                      replica)
+                                      replica, FLAGS.train_from_zero_state)
       checkpoints = training.Checkpoints(
-          FLAGS.save_path, m, resume, summary,
-          training.run_record(config, devices, cluster), cluster,
+          FLAGS.save_path, m, resume, summary, record, cluster,
           FLAGS.cluster_timeout)
       done = cluster_lib.done_ops(cluster) if cluster else []
     with training.open_session(

@@ -25,6 +25,7 @@ from ptb import training
 from ptb import transposed_product
 from ptb import wavefront
 from ptb.errors import UserError
+from ptb.params import create_params
 from ptb.testing import HERE
 from ptb.testing import LEARNED_TEST_PERPLEXITY
 from ptb.testing import SCRIPT
@@ -125,6 +126,89 @@ class ModelTest(tf.test.TestCase):
     self.assertAllClose(np.asarray(init1), np.asarray(final0))
     self.assertGreater(np.abs(np.asarray(init1)).sum(), 0)
     self.assertAllEqual(np.asarray(init2), np.zeros_like(np.asarray(init2)))
+
+  def testInitialValuesAreTheOriginals(self):
+    """BASIC, BLOCK: LSTM biases zero, the rest uniform in ±init_scale.
+
+    CUDNN's biases are uniform too (the original's opaque buffer), and so
+    are the input biases of the cuDNN weights converted from them; the
+    recurrent biases that the conversion adds are zero.
+    """
+    config = TinyConfig()
+    config.hidden_size, config.vocab_size = 64, 100
+    scale = config.init_scale
+    rows = self._rows(config.batch_size, config.num_steps)
+    for mode in (ptb_word_lm.BASIC, ptb_word_lm.BLOCK, ptb_word_lm.CUDNN):
+      with tf.Graph().as_default():
+        if mode == ptb_word_lm.CUDNN:
+          # Its variables alone: a graph with cuDNN's ops needs a GPU.
+          config.rnn_mode = mode
+          with tf.compat.v1.variable_scope(
+              "Model", initializer=tf.compat.v1.random_uniform_initializer(
+                  -scale, scale)):
+            create_params(config, tf.float32)
+        else:
+          build_tiny_model(config, rows, mode, is_training=False)
+        tvars = tf.compat.v1.trainable_variables()
+        by_name = dict(zip([v.op.name for v in tvars], tvars))
+        _, cudnn_biases = lstm.canonical_to_cudnn(
+            by_name["Model/RNN/cell_0/kernel"],
+            by_name["Model/RNN/cell_0/bias"], config.hidden_size)
+        with tf.compat.v1.Session() as sess:
+          sess.run(tf.compat.v1.global_variables_initializer())
+          values, cudnn_biases = sess.run([by_name, cudnn_biases])
+      self.assertCountEqual(values, [
+          "Model/embedding", "Model/RNN/cell_0/kernel", "Model/RNN/cell_0/bias",
+          "Model/RNN/cell_1/kernel", "Model/RNN/cell_1/bias",
+          "Model/softmax_w", "Model/softmax_b"])
+      zero_biases = mode != ptb_word_lm.CUDNN
+      for name, value in values.items():
+        if zero_biases and name.endswith("/bias"):
+          self.assertAllEqual(value, np.zeros_like(value), msg=name)
+        else:
+          self.assertUniform(value, scale, "%s %s" % (mode, name))
+      for k, value in enumerate(cudnn_biases):
+        if k < 4 and not zero_biases:
+          self.assertUniform(value, scale, "%s cuDNN bias %d" % (mode, k))
+        else:
+          self.assertAllEqual(value, np.zeros_like(value))
+
+  def assertUniform(self, value, scale, msg):
+    """`value` looks drawn uniform in ±scale: within it, spread across it."""
+    self.assertLessEqual(np.abs(value).max(), scale, msg=msg)
+    # |U(-s, s)| has mean s / 2; a zero or constant start is far from it.
+    self.assertAllClose(np.abs(value).mean(), scale / 2, rtol=0.25, msg=msg)
+    self.assertLess(value.min(), -scale / 2, msg=msg)
+    self.assertGreater(value.max(), scale / 2, msg=msg)
+
+  def testTrainFromZeroStateZeroesOnlyTrainingsState(self):
+    """--train_from_zero_state: every training step starts from zeros;
+    validation and test still carry the state from call to call."""
+    config = learning_config()
+    with tempfile.TemporaryDirectory() as tmp:
+      *data, config.vocab_size = reader.ptb_raw_data(make_corpus(tmp))
+    eval_config = copy.copy(config)
+    eval_config.batch_size = eval_config.num_steps = 1
+    for zero in (False, True):
+      with tf.Graph().as_default():
+        m, mvalid, mtest = ptb_word_lm.build_models(
+            config, eval_config, data, ("/cpu:0",), False, 20,
+            train_from_zero_state=zero)
+        with tf.compat.v1.Session() as sess:
+          sess.run([tf.compat.v1.global_variables_initializer(),
+                    tf.compat.v1.local_variables_initializer()])
+          m.assign_lr(sess, 1.0)
+          for model, fetches in ((m, [m.train_op]), (mvalid, []),
+                                 (mtest, [])):
+            sess.run(model.reset_state)
+            _, final = sess.run([model.update_state, model.final_state] +
+                                fetches)[:2]
+            after = np.asarray(sess.run(model.initial_state))
+            self.assertGreater(np.abs(np.asarray(final)).sum(), 0)
+            if zero and model is m:
+              self.assertAllEqual(after, np.zeros_like(after))
+            else:
+              self.assertAllEqual(after, np.asarray(final))
 
 
 def train_in_process(config, data, eval_unroll=20, seed=1):

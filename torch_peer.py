@@ -67,8 +67,9 @@ class PTBModel(nn.Module):
   output), and the bias `[4 * hidden]` as `bias_ih`; the softmax
   `[hidden, vocab]` transposed, and its bias. torch's cell adds a second
   bias, `bias_hh`: here it is zero and frozen, so each gate has one bias as
-  in the tutorial. No forget bias is added. All weights start uniform in
-  ±init_scale.
+  in the tutorial. No forget bias is added. The weights start as the
+  tutorial's BASIC and BLOCK do: the LSTM biases at zero, every other
+  parameter uniform in ±init_scale.
 
   In training, with keep_prob < 1, dropout acts on the embedded inputs and
   on every layer's output (nn.LSTM drops between its layers, this module
@@ -86,6 +87,7 @@ class PTBModel(nn.Module):
     for p in self.parameters():
       nn.init.uniform_(p, -config.init_scale, config.init_scale)
     for k in range(layers):
+      nn.init.zeros_(getattr(self.lstm, "bias_ih_l%d" % k))
       bias_hh = getattr(self.lstm, "bias_hh_l%d" % k)
       nn.init.zeros_(bias_hh)
       bias_hh.requires_grad_(False)

@@ -24,6 +24,11 @@ flags.DEFINE_integer(
     "seed", None,
     "Graph-level random seed, for reproducible initialisation and dropout; "
     "unset, every run draws its own (as the original did).")
+flags.DEFINE_bool(
+    "train_from_zero_state", False,
+    "Start every training step from a zero LSTM state, as the original did "
+    "with --num_gpus=0 (it fed no state there); validation and test still "
+    "carry their state from step to step.")
 flags.DEFINE_integer(
     "save_every_steps", 0,
     "With --save_path, also save a checkpoint every this many training "

@@ -5,8 +5,9 @@ variable checkpoint.CONFIG_VARIABLE), and a resume compares it with its own:
 
 - hidden_size, num_layers and vocab_size shape the weights: a checkpoint of
   other values is another model's, and is refused.
-- num_steps, batch_size and the split of the rows over towers and workers
-  give the saved data position and LSTM state their meaning. They cannot
+- num_steps, batch_size, the split of the rows over towers and workers, and
+  whether training carries its LSTM state (--train_from_zero_state) give
+  the saved data position and LSTM state their meaning. They cannot
   change in the middle of an epoch. At an epoch's end they may: every
   epoch starts from the first window with a zero state.
 - The other fields (the schedule: max_max_epoch, max_epoch, learning_rate,
@@ -24,24 +25,31 @@ from ptb.errors import warn
 # The fields that shape the weights.
 WEIGHT_FIELDS = ("hidden_size", "num_layers", "vocab_size")
 # The fields that the saved data position and LSTM state depend on.
-POSITION_FIELDS = ("num_steps", "batch_size", "towers", "workers")
+POSITION_FIELDS = ("num_steps", "batch_size", "towers", "workers",
+                   "train_from_zero_state")
 # How a run sets the fields that are no config fields.
 _SET_BY = {"towers": "towers (--num_gpus, --cpu_towers)",
-           "workers": "workers (--worker_hosts)"}
+           "workers": "workers (--worker_hosts)",
+           "train_from_zero_state": "--train_from_zero_state"}
+# What a checkpoint written before a field existed ran with.
+_BEFORE_RECORDED = {"train_from_zero_state": False}
 # How _listed writes a change in an error, and in the lines of a resume.
 _BOTH = "{label} is {old} there and {new} here"
 _WAS = "{name}={new} (was {old})"
 
 
-def record(config, towers, workers):
-  """What a checkpoint records of its run: every config field, the split."""
+def record(config, towers, workers, train_from_zero_state=False):
+  """What a checkpoint records of its run: every config field, the split,
+  and whether training starts every step from a zero state."""
   fields = config_lib.config_fields(config)
-  fields.update(towers=towers, workers=workers)
+  fields.update(towers=towers, workers=workers,
+                train_from_zero_state=train_from_zero_state)
   return fields
 
 
 def config_changes(saved, new):
   """{field: (saved value, new value)} for each field that differs."""
+  saved = dict(_BEFORE_RECORDED, **saved)
   return {name: (saved.get(name), new.get(name))
           for name in sorted(set(saved) | set(new))
           if saved.get(name) != new.get(name)}

@@ -156,8 +156,9 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     summary = os.path.getmtime(self.summary)
     # The command's config check comes first: it refuses before any write.
     with self.assertRaises(UserError) as e:
-      training.find_resume(self.save, config("num_steps=3,batch_size=10"),
-                           ["/cpu:0"], None)
+      training.find_resume(
+          self.save, training.run_record(config("num_steps=3,batch_size=10"),
+                                         ["/cpu:0"], None), None)
     self.assertEqual(
         str(e.exception),
         "--save_path=%s holds a checkpoint from the middle of epoch 1 (step "
@@ -192,6 +193,34 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
         "batch_size": {"from": 20, "to": 10},
         "max_max_epoch": {"from": 1, "to": 2},
         "num_steps": {"from": 2, "to": 3}})
+
+  def testTrainFromZeroStateChangesOnlyAtAnEpochsEnd(self):
+    args = self.args(overridden()) + ["--train_from_zero_state"]
+    self.interrupted_in_epoch_1()
+    _, _, stop = ptb_word_lm_testing.run_in_process(args)
+    self.assertIsInstance(stop, UserError)
+    self.assertIn("from the middle of epoch 1 (step %d), whose data position "
+                  "and LSTM state need the values it was trained with: "
+                  "--train_from_zero_state is False there and True here; "
+                  % (STOP_STEP + 1), str(stop))
+    shutil.rmtree(self.save)
+    self.finished_epoch_1()
+    out, err, stop = ptb_word_lm_testing.run_in_process(args)
+    self.assertIsNone(stop, err)
+    self.assertIn(
+        "Config changes at the end of epoch 1: train_from_zero_state=True (was "
+        "False); the next epoch starts from the first window with a zero LSTM "
+        "state, as every epoch does\n", out)
+    with open(self.summary) as f:
+      summary = json.load(f)
+    self.assertIs(summary["train_from_zero_state"], True)
+    self.assertEqual(summary["resumes"][-1]["config_changes"], {
+        "max_max_epoch": {"from": 1, "to": 2},
+        "train_from_zero_state": {"from": False, "to": True}})
+    self.assertEqual([e["epoch"] for e in summary["epochs"]], [1, 2])
+    # The checkpoints record it.
+    self.assertIs(checkpoint.read_progress(tf.train.latest_checkpoint(
+        self.save))[3]["train_from_zero_state"], True)
 
   def testCheckpointWithoutAConfigResumesWithAWarning(self):
     self.interrupted_in_epoch_1()
@@ -260,6 +289,16 @@ class WhatMayChangeTest(tf.test.TestCase):
         "(was 1); the next epoch starts from the first window with a zero "
         "LSTM state, as every epoch does",
         "Config changes since the checkpoint: max_epoch=3 (was 2)"])
+
+  def testACheckpointThatPredatesTrainFromZeroStateCarriedItsState(self):
+    cfg = ptb_word_lm_testing.learning_config()
+    saved = resume_lib.record(cfg, 1, 1)
+    del saved["train_from_zero_state"]
+    self.assertEqual(resume_lib.config_changes(
+        saved, resume_lib.record(cfg, 1, 1)), {})
+    self.assertEqual(resume_lib.config_changes(
+        saved, resume_lib.record(cfg, 1, 1, train_from_zero_state=True)),
+                     {"train_from_zero_state": (False, True)})
 
   def testNoChangeNoLine(self):
     resume = self.resume(5)

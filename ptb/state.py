@@ -54,7 +54,8 @@ def tower_state(num_layers, batch_size, hidden_size, dtype):
   The original fed the state through feed_dict, and with --num_gpus=0 it
   re-imported zero replicas of the training state: nothing was fed and every
   step started from zeros. Here the state lives in the graph, the same way
-  on every device setting.
+  on every device setting; store_and_reset(carry=False) trains as the
+  original did on the CPU.
 
   Returns:
     (the `[layers, 2, batch, hidden]` local variable, its value as a tuple
@@ -65,18 +66,21 @@ def tower_state(num_layers, batch_size, hidden_size, dtype):
   return variable, unpack_state(variable.read_value(), num_layers)
 
 
-def store_and_reset(states, after):
+def store_and_reset(states, after, carry=True):
   """The ops that store and that zero the towers' LSTM states.
 
   Args:
     states: one TowerState per tower.
     after: the ops of the step (cost, training op): the final state is
       stored only once the step has read the old one.
+    carry: store the final states; False leaves the variables as the
+      reset left them, so that every step starts from zeros.
 
   Returns:
-    (update: stores each final state in its variable, reset: zeroes them).
+    (update: stores each final state in its variable, or only runs `after`
+    without `carry`; reset: zeroes them).
   """
   with tf.control_dependencies(after):
     update = tf.group(*[s.variable.assign(pack_state(s.final))
-                        for s in states])
+                        for s in states if carry])
   return update, tf.group(*[s.variable.initializer for s in states])

@@ -28,7 +28,7 @@ class Summary(object):
   """
 
   def __init__(self, path, argv, model, config, devices, start_time=None,
-               clock=time.time):
+               train_from_zero_state=False, clock=time.time):
     """The fields known before training starts.
 
     Args:
@@ -38,6 +38,7 @@ class Summary(object):
       config: the config used (after overrides).
       devices: the tower devices.
       start_time: the clock's time when this process started (default: now).
+      train_from_zero_state: the --train_from_zero_state of the run.
       clock: returns the time in seconds; replaced by tests.
     """
     self.path = path
@@ -47,6 +48,7 @@ class Summary(object):
         "command": list(argv), "model": model,
         "rnn_mode": config.rnn_mode.upper(),
         "config": config_lib.config_fields(config),
+        "train_from_zero_state": train_from_zero_state,
         "tensorflow_version": tf.__version__,
         "matmul": onednn.matmul_library(),
         "python_version": platform.python_version(),

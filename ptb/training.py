@@ -42,12 +42,13 @@ def is_chief(cluster):
   return cluster is None or cluster_lib.is_chief(cluster)
 
 
-def run_record(config, devices, cluster):
+def run_record(config, devices, cluster, train_from_zero_state=False):
   """What the run's checkpoints record of it (resume.record)."""
-  return resume_lib.record(config, len(devices), replica(cluster)[1])
+  return resume_lib.record(config, len(devices), replica(cluster)[1],
+                           train_from_zero_state)
 
 
-def find_resume(save_path, config, devices, cluster):
+def find_resume(save_path, record, cluster):
   """The checkpoint the run resumes from, as a resume.Resume; None if none.
 
   Called before anything is written: a checkpoint that this config cannot
@@ -56,8 +57,7 @@ def find_resume(save_path, config, devices, cluster):
   """
   if not save_path or not is_chief(cluster):
     return None
-  return resume_lib.find(save_path, run_record(config, devices, cluster),
-                         restart_epoch=cluster is not None)
+  return resume_lib.find(save_path, record, restart_epoch=cluster is not None)
 
 
 def epoch_learning_rate(config, epoch):
