@@ -546,13 +546,13 @@ def main(_):
         print("Test Perplexity: %.3f" % test_perplexity)
         summary.fields["test_perplexity"] = float(test_perplexity)
       training.print_peak_memory(devices)
-      if checkpoints.saving:
+      if checkpoints.saving and checkpoints.write(session):
         print("Saving model to %s." % FLAGS.save_path)
-        checkpoints.write(session)
       session.run(done)  # a cluster's ps tasks wait for every worker's
-      summary.publish("finished")
       epochs.close()
-    checkpoints.check_saved()
+      with training.summarize_failures(summary, watch.where):
+        checkpoints.check_saved()
+      summary.publish("finished")
 
 
 if __name__ == "__main__":

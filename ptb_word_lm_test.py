@@ -572,6 +572,9 @@ class RunTest(tf.test.TestCase):
       self.assertRegex(lines[-3], r"Test Perplexity: ")
       self.assertRegex(lines[-2], r"Peak RSS: ")
       self.assertEqual(lines[-1], "Saving model to %s." % save)
+      # No meta graph: its constants would copy the corpus into every save.
+      self.assertEqual([f for f in os.listdir(save) if f.endswith(".meta")],
+                       [])
       events = [f for f in os.listdir(save) if f.startswith("events.")]
       self.assertNotEmpty(events)
       tags = set()

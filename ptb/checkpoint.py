@@ -158,6 +158,10 @@ def _remove_temporary_files(prefix):
     pass
 
 
+# What a checkpoint whose weights diverged is renamed to (set_aside).
+DIVERGED_PREFIX = "diverged-"
+
+
 class SaveFailed(Exception):
   """A checkpoint could not be written; says why and what survives.
 
@@ -194,6 +198,10 @@ class Checkpointer(object):
     self._saver = tf.compat.v1.train.Saver(var_list, max_to_keep=2,
                                            save_relative_paths=True)
     self._damaged = set(damaged)
+    # The rotation goes on from the checkpoints already there, so that a
+    # resumed run keeps them in the pointer and removes them in turn.
+    self._saver.recover_last_checkpoints([
+        p for p in reversed(candidates(save_path)) if p not in self._damaged])
 
   @staticmethod
   def check_writable(save_path):
@@ -279,7 +287,9 @@ class Checkpointer(object):
     while prefix in self._damaged:
       prefix += "r"
     try:
-      return self._saver.save(session, prefix)
+      # No meta graph: a resume rebuilds the graph from the code, and the
+      # graph's constants hold the whole training corpus.
+      return self._saver.save(session, prefix, write_meta_graph=False)
     # Saver raises ValueError when the directory has gone.
     except (tf.errors.OpError, OSError, ValueError) as e:
       reason = write_failure(e, self._save_path)
@@ -292,3 +302,29 @@ class Checkpointer(object):
                      "checkpoint is %s" % (self._save_path, reason,
                                            last or "none: nothing was saved"),
                      prefix, last)
+
+  def set_aside(self, paths):
+    """Takes the checkpoints `paths` out of the run, keeping their files.
+
+    Their files are renamed `diverged-NAME...`, which neither a resume nor
+    the pointer's rotation ever picks, and the `checkpoint` pointer lists
+    the others.
+
+    Returns:
+      The newest checkpoint left, or None.
+    """
+    for path in paths:
+      directory, name = os.path.split(path)
+      for entry in os.listdir(directory):
+        if entry.startswith(name + "."):
+          os.replace(os.path.join(directory, entry),
+                     os.path.join(directory, DIVERGED_PREFIX + entry))
+    left = [p for p in reversed(candidates(self._save_path))
+            if p not in paths]  # oldest first
+    if left:
+      tf.compat.v1.train.update_checkpoint_state(
+          self._save_path, os.path.basename(left[-1]),
+          [os.path.basename(p) for p in left])
+    elif os.path.exists(os.path.join(self._save_path, "checkpoint")):
+      os.remove(os.path.join(self._save_path, "checkpoint"))
+    return left[-1] if left else None

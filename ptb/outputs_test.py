@@ -25,6 +25,7 @@ import tensorflow as tf
 from ptb import checkpoint
 from ptb import config as config_lib
 from ptb import errors
+from ptb import monitor
 from ptb import outputs
 from ptb import tensorboard
 from ptb import testing
@@ -438,17 +439,69 @@ class FailedWriteTest(ptb_word_lm_testing.InProcessRunTest):
                       "again" % failed] * 2)   # after epochs 1 and 2
     self.assertIn("Epoch: 2 Valid Perplexity", out)
     self.assertIn("Test Perplexity", out)
+    self.assertNotIn("Saving model to", out)
     self.assertIsInstance(stop, UserError)
     self.assertEqual(stop.exit_code, 1)
     self.assertEqual(str(stop), "the run is finished, but its end is not "
                      "saved: " + failed)
     with open(self.summary) as f:
       summary = json.load(f)
-    self.assertEqual(summary["status"], "finished")
+    self.assertEqual(summary["status"], "failed")
     self.assertIsNotNone(summary["test_perplexity"])
     # The failed saves' temporary files, which fill a full disk, are gone.
     self.assertEqual([n for n in os.listdir(self.save) if ".tempstate" in n
                       or n.startswith("checkpoint.tmp")], [])
+
+  def testAfterAFullDiskTheNextRunRecordsTheEndAtOnce(self):
+    # The disk fills up once epoch 1 is saved: every later write fails, the
+    # summary's last one too, so the file is left at "running".
+    real_save, real_write = tf.compat.v1.train.Saver.save, (
+        monitor.write_json_atomic)
+    full = []
+
+    def save(saver, session, prefix, **kwargs):
+      if full:
+        raise no_space_error(prefix)
+      full.append(prefix)
+      return real_save(saver, session, prefix, **kwargs)
+
+    def write_json_atomic(path, obj):
+      if full:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      real_write(path, obj)
+
+    with mock.patch.object(tf.compat.v1.train.Saver, "save", autospec=True,
+                           side_effect=save), \
+        mock.patch.object(monitor, "write_json_atomic", write_json_atomic):
+      _, err, stop = ptb_word_lm_testing.run_in_process(
+          self.args("max_max_epoch=2"))
+    self.assertRegex(str(stop), "^the run is finished, but its end is not "
+                     "saved")
+    self.assertTrue(err.splitlines()[-1].endswith(
+        "could not be finished (No space left on device): it keeps its last "
+        "complete version, whose status is still running; the next run on "
+        "this --save_path records it as interrupted"), err)
+    with open(self.summary) as f:
+      self.assertEqual(json.load(f)["status"], "running")
+    # Room again: by the next run's first step, the end is recorded.
+    statuses = []
+    real_run_epoch = ptb_word_lm.run_epoch
+
+    def run_epoch(session, model, eval_op=None, **kwargs):
+      if eval_op is not None:
+        with open(self.summary) as f:
+          statuses.append(json.load(f)["status"])
+      return real_run_epoch(session, model, eval_op, **kwargs)
+
+    out, err, stop = ptb_word_lm_testing.run_in_process(
+        self.args("max_max_epoch=2"), run_epoch)
+    self.assertIsNone(stop, err)
+    self.assertIn("Resuming from epoch 2 step 0", out)
+    self.assertEqual(statuses, ["interrupted"])
+    with open(self.summary) as f:
+      summary = json.load(f)
+    self.assertEqual(summary["status"], "finished")
+    self.assertEqual([e["epoch"] for e in summary["epochs"]], [1, 2])
 
   def testTheNextSaveTriesAgain(self):
     out, warnings, stop = self.run_with_full_disk(failing_saves=1)

@@ -6,16 +6,20 @@ catches, saving its checkpoint in the middle of epoch 1. The checkpoints
 that the tests resume are made once for the class, and copied.
 """
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import tempfile
+from unittest import mock
 
 import tensorflow as tf
 
 from ptb import checkpoint
+from ptb import monitor
 from ptb import resume as resume_lib
+from ptb import tensorboard
 from ptb import testing
 from ptb import training
 from ptb.errors import UserError
@@ -40,6 +44,59 @@ def overridden(overrides=""):
 def config(overrides=""):
   """The runs' config: learning, overridden(overrides)."""
   return ptb_word_lm_testing.learning_config(overridden(overrides))
+
+
+class Killed(BaseException):
+  """What a kill leaves a process: nothing after it runs, nothing catches it."""
+
+
+@contextlib.contextmanager
+def killed_at_epoch_end(epoch, write):
+  """The run in the block dies at the `write`-th write of `epoch`'s end.
+
+  The writes of an epoch's end (training.EpochLog.add) are counted: the
+  summary's, the checkpoint's and the TensorBoard scalars'. The process
+  dies just before write number `write` (from 1), or just after the last
+  one when `write` exceeds their number; from then on it writes nothing,
+  as a killed process does not.
+
+  Yields:
+    The kinds of the writes counted at that epoch's end.
+  """
+  state = {"counting": False, "writes": [], "dead": False}
+
+  def kill(where):
+    state["dead"] = True
+    raise Killed(where)
+
+  def counted(kind, real):
+    def write(*args, **kwargs):
+      if state["dead"]:
+        return None
+      if state["counting"]:
+        state["writes"].append(kind)
+        if len(state["writes"]) == write_number:
+          kill("before the %s write" % kind)
+      return real(*args, **kwargs)
+    return write
+
+  write_number = write
+  real_add = training.EpochLog.add
+
+  def add(self, session, at, *args):
+    state["counting"] = at == epoch
+    real_add(self, session, at, *args)
+    if state["counting"]:
+      kill("after the epoch's writes")
+
+  with mock.patch.object(monitor, "write_json_atomic",
+                         counted("summary", monitor.write_json_atomic)), \
+      mock.patch.object(checkpoint.Checkpointer, "save",
+                        counted("checkpoint", checkpoint.Checkpointer.save)), \
+      mock.patch.object(tensorboard.ScalarWriter, "add",
+                        counted("scalars", tensorboard.ScalarWriter.add)), \
+      mock.patch.object(training.EpochLog, "add", add):
+    yield state["writes"]
 
 
 class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
@@ -221,6 +278,49 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     # The checkpoints record it.
     self.assertIs(checkpoint.read_progress(tf.train.latest_checkpoint(
         self.save))[3]["train_from_zero_state"], True)
+
+  def testAKillAtEachWriteOfAnEpochsEndLosesNothing(self):
+    kinds = ["summary", "checkpoint", "scalars"]
+    for write in range(1, len(kinds) + 2):
+      with self.subTest(write=write):
+        shutil.rmtree(self.save, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+          os.remove(self.summary)
+        with killed_at_epoch_end(1, write) as writes, \
+            self.assertRaises(Killed):
+          self.run_training()
+        self.assertEqual(writes, kinds[:write])
+        out = self.resumed()
+        # Every perplexity of the uninterrupted run, the test's too.
+        self.assertEqual(perplexity_lines(out)[-1], self.reference[-1])
+        with open(self.summary) as f:
+          summary = json.load(f)
+        self.assertEqual([e["epoch"] for e in summary["epochs"]], [1, 2])
+        self.assertEqual(summary["status"], "finished")
+
+  def testACheckpointOfBlownUpWeightsIsSetAsideAndTheRerunFinishes(self):
+    self.finished_epoch_1()
+    sound = tf.train.latest_checkpoint(self.save)
+    # One update at this rate takes the weights to about 1e27, still
+    # finite; the step's checkpoint saves them before any cost shows it.
+    out, err, stop = ptb_word_lm_testing.run_in_process(
+        self.args(overridden("learning_rate=1e27")) +
+        ["--save_every_steps=1"])
+    self.assertIsInstance(stop, UserError, err)
+    blown = os.path.join(self.save, "model.ckpt-%d" % (
+        int(sound.rpartition("-")[2]) + 1))
+    self.assertRegex(str(stop), r"^training diverged at epoch 2 step 2: the "
+                     r"cost is \S+; %s, saved from weights that no cost had "
+                     r"yet shown sound, is set aside as diverged-\*\.\.\.; "
+                     r"the last good checkpoint, %s, is kept$"
+                     % (re.escape(blown), re.escape(sound)))
+    self.assertEqual(tf.train.latest_checkpoint(self.save), sound)
+    self.assertTrue(os.path.exists(os.path.join(
+        self.save, "diverged-" + os.path.basename(blown) + ".index")))
+    # The same command at a sane rate goes on as if nothing had happened.
+    out = self.resumed("max_max_epoch=2")
+    self.assertIn("Resuming from epoch 2 step 0", out)
+    self.assertEqual(perplexity_lines(out), self.reference[2:])
 
   def testCheckpointWithoutAConfigResumesWithAWarning(self):
     self.interrupted_in_epoch_1()

@@ -20,6 +20,11 @@ from ptb.errors import warn
 from ptb.errors import write_failure
 
 
+# The status that a resume gives an earlier summary left at "running": its
+# process ended without recording how (killed, or its last write failed).
+STALE_STATUS = "interrupted"
+
+
 class Summary(object):
   """The summary of one run, rewritten after each save, epoch and at the end.
 
@@ -66,7 +71,8 @@ class Summary(object):
     Keeps the earlier file's records of epochs 1 to `epochs_done`, its
     resumes, its wall time and its peak RSS, and records this resume. A
     file that cannot be read, or is of another model, is replaced, with a
-    warning.
+    warning. A file left at status "running" is rewritten at once with
+    STALE_STATUS: no process runs on it now.
 
     Args:
       epochs_done: epochs the restored checkpoint has finished.
@@ -80,6 +86,9 @@ class Summary(object):
     earlier = self._read_earlier()
     if earlier is None:
       return
+    if earlier.get("status") == "running":
+      earlier["status"] = STALE_STATUS
+      self._write(earlier)
     epochs = [e for e in earlier.get("epochs") or ()
               if isinstance(e, dict) and 0 < _number(e.get("epoch"))
               <= epochs_done]
@@ -128,14 +137,24 @@ class Summary(object):
     # The largest of the earlier processes' peak and this one's.
     self.fields["peak_rss_mib"] = max(self.fields["peak_rss_mib"],
                                       monitor.peak_rss_mib())
+    self._write(self.fields, status)
+
+  def _write(self, fields, status="running"):
+    """Writes `fields` atomically; a failure costs a warning."""
     try:
-      monitor.write_json_atomic(self.path, self.fields)
+      monitor.write_json_atomic(self.path, fields)
     except OSError as e:
       # A summary is worth less than the run: it is written again next time.
       # The write is atomic: a failed one leaves the file as it was.
-      warn("the summary %s could not be written (%s); the file keeps its "
-           "last complete version, and the next epoch or checkpoint writes "
-           "it again" % (self.path, write_failure(e)))
+      if status == "running":
+        warn("the summary %s could not be written (%s); the file keeps its "
+             "last complete version, and the next epoch or checkpoint "
+             "writes it again" % (self.path, write_failure(e)))
+      else:
+        warn("the summary %s could not be finished (%s): it keeps its last "
+             "complete version, whose status is still running; the next "
+             "run on this --save_path records it as %s"
+             % (self.path, write_failure(e), STALE_STATUS))
 
 
 def _number(value):

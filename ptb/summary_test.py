@@ -147,17 +147,36 @@ class SummaryTest(unittest.TestCase):
       os.close(fd)
       return os.open("/dev/full", os.O_WRONLY), path
 
-    with mock.patch.object(summary_lib.monitor.tempfile, "mkstemp",
-                           mkstemp_on_a_full_disk), \
-        mock.patch.object(summary_lib, "warn") as warn:
-      self._publish(summary, "finished", 1.0)
-    warn.assert_called_once_with(
-        "the summary %s could not be written (No space left on device); the "
-        "file keeps its last complete version, and the next epoch or "
-        "checkpoint writes it again" % self.path)
-    self.assertEqual(self._read()["status"], "running")
-    self.assertEqual(os.listdir(os.path.dirname(self.path)),
-                     ["summary.json"])
+    for status, said in (
+        ("running", "could not be written (No space left on device); the "
+         "file keeps its last complete version, and the next epoch or "
+         "checkpoint writes it again"),
+        ("finished", "could not be finished (No space left on device): it "
+         "keeps its last complete version, whose status is still running; "
+         "the next run on this --save_path records it as interrupted")):
+      with mock.patch.object(summary_lib.monitor.tempfile, "mkstemp",
+                             mkstemp_on_a_full_disk), \
+          mock.patch.object(summary_lib, "warn") as warn:
+        self._publish(summary, status, 1.0)
+      warn.assert_called_once_with("the summary %s %s" % (self.path, said))
+      self.assertEqual(self._read()["status"], "running")
+      self.assertEqual(os.listdir(os.path.dirname(self.path)),
+                       ["summary.json"])
+
+  def testAResumeRecordsAStaleRunningStatusAsInterruptedAtOnce(self):
+    first, _ = self._process(0.0)
+    first.add_epoch(_epoch(1))
+    self._publish(first, "running", 1.0)   # then killed
+    second, _ = self._process(50.0)
+    second.resume(1, 0)
+    fields = self._read()
+    self.assertEqual(fields["status"], "interrupted")
+    self.assertEqual(fields["epochs"], [_epoch(1)])
+    # A status that the earlier process recorded stays as it was.
+    self._publish(second, "failed", 1.0)
+    third, _ = self._process(90.0)
+    third.resume(1, 0)
+    self.assertEqual(self._read()["status"], "failed")
 
   def testNoPathWritesNothing(self):
     summary = summary_lib.Summary(None, [], "test", testing.TinyConfig(), [])

@@ -116,6 +116,15 @@ class Checkpoints(object):
   data position. A failed save costs a warning, not the run: save_failure
   keeps the last one's reason.
 
+  A checkpoint is known to be sound only once a session call has computed
+  a cost from its weights: a step that blows the weights up saves them
+  before any cost shows it. Until then it is unconfirmed, and a run that
+  diverges sets its unconfirmed checkpoints aside (set_aside_unconfirmed),
+  so that the newest sound one is what a resume finds. The rotation keeps
+  two checkpoints, and every save after the first follows a call that
+  judged the one before (the global step names them): the newest sound
+  checkpoint is never rotated out by an unconfirmed one.
+
   Attributes:
     saving: whether this process writes checkpoints (a --save_path, and the
       chief of a cluster).
@@ -152,6 +161,7 @@ class Checkpoints(object):
     self._global_init = tf.compat.v1.global_variables_initializer()
     self._local_init = tf.compat.v1.local_variables_initializer()
     self._checkpointer = None
+    self._unconfirmed = []  # checkpoints no session call has judged yet
     self.saving = bool(save_path) and self._chief
     if self.saving:
       Checkpointer.check_writable(save_path)
@@ -184,6 +194,8 @@ class Checkpoints(object):
     # that, so they never see freshly initialised weights.
     session.run(self._local_init)
     self._checkpointer.restore(session, resume.ckpt, self._fresh(), warn)
+    # Written by a process that may have stopped before judging it.
+    self._unconfirmed = [resume.ckpt]
     print("Resuming from epoch %d step %d of %s"
           % (resume.epoch + 1, resume.step, self.save_path), flush=True)
     for line in resume.lines():
@@ -235,15 +247,14 @@ class Checkpoints(object):
     """
     # A finite cost does not prove that the update after it was finite.
     if not session.run(self._weights_finite):
-      raise UserError("training diverged in epoch %d: the weights are not "
-                      "finite; the last good checkpoint in %s is kept"
-                      % (epoch + 1 if step else epoch, self.save_path))
+      raise self.diverged("in epoch %d: the weights are not finite"
+                          % (epoch + 1 if step else epoch))
     self._progress.set(session, epoch, step, costs)
-    path = self.write(session)
-    # The summary's wall time then reaches the checkpoint that a resume
-    # continues from.
+    # The summary first: at every instant it holds each epoch that a
+    # checkpoint records as done (a resume drops those that the checkpoint
+    # it continues from has not done).
     self._summary.publish("running")
-    return path
+    return self.write(session)
 
   def save_and_go_on(self, session, epoch, step, costs):
     """Saves; a failed save costs nothing more than a warning.
@@ -263,7 +274,43 @@ class Checkpoints(object):
       self.save_failure = e
       return None
     self.save_failure = None
+    if path not in self._unconfirmed:
+      self._unconfirmed.append(path)
     return path
+
+  def diverged(self, what):
+    """The error that ends a diverged run, once its unconfirmed checkpoints
+    are set aside; `what` says where and how it diverged."""
+    aside, left = self.set_aside_unconfirmed()
+    if not self.saving:
+      kept = "nothing was saved"
+    elif left:
+      kept = "the last good checkpoint, %s, is kept" % left
+    else:
+      kept = "no good checkpoint is left in %s" % self.save_path
+    if aside:
+      kept = ("%s, saved from weights that no cost had yet shown sound, %s "
+              "set aside as %s...; %s" % (
+                  ", ".join(aside), "is" if len(aside) == 1 else "are",
+                  checkpoint_lib.DIVERGED_PREFIX + "*", kept))
+    return UserError("training diverged %s; %s" % (what, kept))
+
+  def confirm(self):
+    """A session call computed a sound cost from the weights saved last."""
+    self._unconfirmed = []
+
+  def set_aside_unconfirmed(self):
+    """Sets aside the checkpoints no sound cost has confirmed (see above).
+
+    Returns:
+      (the checkpoints set aside, the newest one left or None).
+    """
+    if not self.saving:
+      return [], None
+    aside, self._unconfirmed = self._unconfirmed, []
+    if not aside:
+      return [], checkpoint_lib.newest_readable(self.save_path)[0]
+    return aside, self._checkpointer.set_aside(aside)
 
   def global_step(self, session):
     return session.run(self._global_step)

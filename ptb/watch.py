@@ -15,7 +15,11 @@ import numpy as np
 from ptb import cluster as cluster_lib
 from ptb import monitor
 from ptb.errors import Stop
-from ptb.errors import UserError
+
+# A training call whose loss exceeds this many nats a word has diverged: the
+# model gives the right word a probability below e^-1000, where guessing
+# uniformly among even a million words costs 14 nats.
+DIVERGED_NATS_PER_WORD = 1000.0
 
 
 class SignalCatcher(object):
@@ -133,7 +137,7 @@ class Watch(object):
 
     Raises:
       Stop: a signal came (after the save it makes); UserError: the
-        training diverged.
+        training diverged (checkpoints.diverged).
     """
     where = self.where
     where.step, where.costs = step, costs
@@ -145,21 +149,27 @@ class Watch(object):
       # later calls never run again.
       self._first_calls_done.add(where.phase)
       monitor.release_library_pages()
+    checkpoints = self._checkpoints
+    if where.phase == "train":
+      # The cost comes from the weights before this call's update: those of
+      # the last checkpoint, if no call ran since it was saved.
+      if not self._sound(cost):
+        raise checkpoints.diverged("at epoch %d step %d: the cost is %s"
+                                   % (where.epoch, step + 1, cost))
+      checkpoints.confirm()
     if self._signals.signum is not None:
       raise self._interrupted(self._signals.signum)
     if where.phase != "train":
       return
-    checkpoints = self._checkpoints
-    if not np.isfinite(cost):
-      raise UserError(
-          "training diverged at epoch %d step %d: the cost is %s; %s"
-          % (where.epoch, step + 1, cost,
-             "the last good checkpoint in %s is kept" % checkpoints.save_path
-             if checkpoints.saving else "nothing was saved"))
     every = self._save_every_steps
     if checkpoints.saving and every and (step + 1) % every == 0:
       checkpoints.save_and_go_on(self._session, where.epoch - 1, step + 1,
                                  costs)
+
+  def _sound(self, cost):
+    """Whether a training call's cost is finite and not absurdly high."""
+    return (np.isfinite(cost) and
+            cost <= DIVERGED_NATS_PER_WORD * self._train_input.num_steps)
 
   def _interrupted(self, signum):
     """Saves where a resume can continue; the Stop that says what is left."""

@@ -25,6 +25,13 @@ class FakeCheckpoints(object):
     self.saving = bool(save_path)
     self.save_failure = None
     self.saves = []
+    self.confirmed = 0  # calls that confirmed the last save's weights
+
+  def confirm(self):
+    self.confirmed += 1
+
+  def diverged(self, what):
+    return UserError("training diverged %s" % what)
 
   def save(self, session, epoch, step, costs):
     self.saves.append((epoch, step, costs))
@@ -85,15 +92,23 @@ class WatchTest(tf.test.TestCase):
     # Calls 6 to 9, each of 4 rows in each of 2 towers, of 5 words.
     self.assertEqual(watch.train_wps(), 4 * 4 * 2 * 5 / 2.0)
 
-  def testADivergedCostStops(self):
-    watch = self.watch(FakeCheckpoints())
+  def testADivergedCostStopsAndASoundOneConfirms(self):
+    checkpoints = FakeCheckpoints()
+    watch = self.watch(checkpoints)
     on_step = watch.begin("train", 3)
-    with self.assertRaisesRegex(
-        UserError, r"^training diverged at epoch 3 step 2: the cost is nan; "
-        r"nothing was saved$"):
-      on_step(1, float("nan"), float("nan"))
-    # Validation and test costs are not the training's.
+    # 5 steps a call: up to 1000 nats a word is sound, above has diverged.
+    on_step(0, 5000.0, 5000.0)
+    self.assertEqual(checkpoints.confirmed, 1)
+    for cost in (float("nan"), float("inf"), 5000.5):
+      with self.assertRaisesRegex(
+          UserError, r"^training diverged at epoch 3 step 2: the cost is "
+          r"%s$" % cost):
+        on_step(1, cost, cost)
+    self.assertEqual(checkpoints.confirmed, 1)
+    # Validation and test costs are not the training's: they neither stop
+    # nor confirm.
     watch.begin("valid", 3)(0, float("inf"), float("inf"))
+    self.assertEqual(checkpoints.confirmed, 1)
 
   def testSavesEveryStepsOfTraining(self):
     checkpoints = FakeCheckpoints("S")
