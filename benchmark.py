@@ -28,7 +28,6 @@ is the bound the config is under, with the run's fraction of it.
 The last line printed is `wps: N` for the last combination.
 """
 
-import json
 import os
 import time
 
@@ -47,6 +46,8 @@ from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb import errors
 from ptb import kernels
+from ptb import outputs
+from ptb.errors import UserError
 import ptb_word_lm
 import reader
 
@@ -55,6 +56,8 @@ flags.DEFINE_integer("warmup", 5, "Untimed training steps first.")
 flags.DEFINE_string("output_json", None, "Also write the figures here.")
 
 FLAGS = flags.FLAGS
+# The ranges of this script's own numeric flags (see config.FLAG_RANGES).
+_FLAG_RANGES = {"steps": (1, True), "warmup": (0, True)}
 
 
 def train_flops_per_word(config):
@@ -307,16 +310,68 @@ def _better(x, y):
   return max(known) if known else None
 
 
+def _names(flag):
+  """The comma-separated names of the list flag `flag`; one at the least."""
+  names = [n.strip() for n in FLAGS[flag].value.split(",") if n.strip()]
+  if not names:
+    raise UserError("--%s=%s names nothing; give one name or more, "
+                    "separated by commas" % (flag, FLAGS[flag].value),
+                    exit_code=2)
+  return names
+
+
+def check_combinations(models, modes, devices, train_data, words):
+  """Refuses, before any measurement, a combination that cannot train.
+
+  Each model with each mode is resolved as measure() resolves it, quietly,
+  and checked against the devices and the training data; without this, a
+  bad combination ends the run after the ones before it were measured.
+
+  Args:
+    models, modes: the --model and --rnn_mode names (a mode may be None).
+    devices: the tower devices.
+    train_data: the training word ids.
+    words: the corpus's vocabulary size.
+  """
+  for model_name in models:
+    for mode in modes:
+      config = config_lib.resolve_config(
+          ptb_word_lm.get_config(model_name, mode), FLAGS.num_gpus,
+          FLAGS.config_overrides, announce=False)
+      devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
+                                FLAGS.cpu_towers)
+      reader.check_vocab_size(words, config.vocab_size)
+      reader.check_epoch_size(len(train_data),
+                              config.batch_size * len(devices),
+                              config.num_steps, "ptb.train.txt")
+
+
+def write_report(path, report):
+  """Writes --output_json; a failed write is one error line, not a trace."""
+  try:
+    monitor.write_json_atomic(path, report)
+  except OSError as e:
+    raise UserError("--output_json=%s cannot be written: %s" % (
+        path, errors.write_failure(e))) from None
+
+
 def main(_):
-  models = [m.strip() for m in FLAGS.model.split(",") if m.strip()]
-  modes = ([m.strip() for m in FLAGS.rnn_mode.split(",") if m.strip()]
-           if FLAGS.rnn_mode else [None])
+  # Every flag, path and combination is checked before the first
+  # measurement: a mistake costs seconds, not the combinations before it.
+  config_lib.check_absl_flags(FLAGS, dict(config_lib.FLAG_RANGES,
+                                          **_FLAG_RANGES))
+  if FLAGS.output_json:
+    outputs.check_file("output_json", FLAGS.output_json)
+  models = _names("model")
+  modes = _names("rnn_mode") if FLAGS.rnn_mode else [None]
   devices = devices_lib.check_devices(
       FLAGS.num_gpus, config_lib.parse_rnn_mode(modes[0] or "basic"),
       FLAGS.cpu_towers)
   session_config = devices_lib.session_config(
       devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads)
-  train_data = reader.ptb_raw_data(data_lib.resolve(FLAGS.data_path))[0]
+  train_data, _, _, words = reader.ptb_raw_data(
+      data_lib.resolve(FLAGS.data_path))
+  check_combinations(models, modes, devices, train_data, words)
   # The ceiling is measured before and after each combination, and the
   # higher of the two counts: the machine's speed drifts from minute to
   # minute, and a ceiling taken once, in a slow minute, made a large run's
@@ -353,11 +408,11 @@ def main(_):
             dict(r, peak=_peak_text(r), roofline=_roofline_text(r)),
             flush=True)
   if FLAGS.output_json:
-    with open(FLAGS.output_json, "w") as f:
-      json.dump({"tensorflow": tf.__version__, "devices": devices,
-                 "intra_op_threads": FLAGS.intra_op_threads,
-                 "inter_op_threads": FLAGS.inter_op_threads,
-                 "results": results}, f, indent=2)
+    write_report(FLAGS.output_json,
+                 {"tensorflow": tf.__version__, "devices": devices,
+                  "intra_op_threads": FLAGS.intra_op_threads,
+                  "inter_op_threads": FLAGS.inter_op_threads,
+                  "results": results})
   print("wps: %.0f" % results[-1]["wps"])
 
 

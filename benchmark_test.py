@@ -14,10 +14,12 @@ from unittest import mock
 from absl.testing import flagsaver
 import tensorflow as tf
 
+from ptb import errors
 from ptb import kernels
 from ptb import testing
 import benchmark
 import ptb_word_lm
+import ptb_word_lm_testing
 from ptb_word_lm_testing import run_in_process
 
 
@@ -263,6 +265,64 @@ class CommandLineTest(tf.test.TestCase):
                 if line.startswith("import time:")]
     self.assertIn("tensorflow", imported)
     self.assertEqual([m for m in imported if m.split(".")[0] == "keras"], [])
+
+
+class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
+  """Bad flags and inputs end in one line before anything is measured."""
+
+  def setUp(self):
+    super().setUp()
+    self.data = testing.make_corpus(self.tmp)
+
+  def _run(self, args):
+    """benchmark.py's entry point on `args` after a valid command line.
+
+    Its measurements are replaced by ones that fail the test if called.
+    """
+    argv = ["benchmark.py", "--data_path=" + self.data, "--model=test",
+            "--num_gpus=0", "--config_overrides=vocab_size=100"] + args
+    with mock.patch.object(benchmark, "measure") as measure, \
+        mock.patch.object(benchmark, "_limits") as limits:
+      result = testing.run_entry_point(
+          functools.partial(errors.run_main, benchmark.main,
+                            graph_mode=False), argv)
+    self.assertFalse(measure.called or limits.called, "measured first")
+    return result
+
+  def testEachEndsInOneLineBeforeAnyMeasurement(self):
+    gzipped = testing.make_gzipped_corpus(os.path.join(self.tmp, "gzipped"))
+    a_file = os.path.join(self.data, "ptb.test.txt")
+    testing.assert_each_refused(self, "benchmark.py", [
+        (["--steps=0"], "--steps=0 must be at least 1", 2),
+        (["--warmup=-1"], "--warmup=-1 must be 0 or more", 2),
+        (["--cpu_towers=0"], "--cpu_towers=0 must be at least 1", 2),
+        (["--seed=-1"], "--seed=-1 must be 0 or more", 2),
+        (["--steps=many"], "flag --steps=many: invalid literal", 2),
+        (["--no_such_flag=1"], "Unknown command line flag 'no_such_flag'", 2),
+        # The second model or mode is refused before the first is measured.
+        (["--model=test,huge"], "Invalid model: huge", 2),
+        (["--model=,"], "--model=, names nothing", 2),
+        (["--rnn_mode=basic,fast"], "Invalid --rnn_mode=fast", 2),
+        (["--rnn_mode=basic,cudnn"], "--rnn_mode=CUDNN needs a GPU", 1),
+        (["--config_overrides=num_layers=0"],
+         "config num_layers=0 must be a positive integer", 2),
+        (["--config_overrides=vocab_size=5"],
+         "the training corpus has 31 distinct words but the config's "
+         "vocab_size is 5", 1),
+        (["--config_overrides=vocab_size=100,batch_size=1000"],
+         "epoch_size == 0", 1),
+        (["--data_path=" + os.path.join(self.tmp, "nowhere")],
+         "does not exist", 1),
+        (["--data_path=" + gzipped], "ptb.train.txt is not UTF-8 text", 1),
+        (["--output_json=" + self.tmp], "is a directory; give a file name", 1),
+        (["--output_json=" + os.path.join(a_file, "out.json")],
+         "cannot be written: Not a directory", 1),
+    ], self._run)
+    # One as a program: the real entry point, TensorFlow's set-up and all.
+    testing.assert_error_line(
+        self, "benchmark.py", testing.run_program(
+            "benchmark.py", ["--data_path=" + self.data, "--steps=0"]),
+        "--steps=0 must be at least 1", 2, alone=False)
 
 
 class EvalUnrollTest(tf.test.TestCase):

@@ -12,16 +12,22 @@ of epoch 1 (--fraction=F: both stop once they have printed the line at F):
 The random draws differ between the two, so the peer's curve is a
 reference, not an exact target: the ratios show whether this port learns
 as an independent implementation of the same model does.
+
+Before either runs, the flags, the corpus's directory and the peer are
+checked: `PEER_PYTHON PEER --help` must succeed, so that a peer that cannot
+start is not found only after this port's run.
 """
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 
 from absl import flags
 
+from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import errors
 from ptb.errors import UserError
@@ -44,6 +50,10 @@ _SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "ptb_word_lm.py")
 _PROGRESS = re.compile(r"^(\d+\.\d{3}) perplexity: (\S+) speed: (\d+) wps$")
 _EPOCH = re.compile(r"^Epoch: (\d+) (Train|Valid) Perplexity: (\S+)$")
+# The numeric flags' ranges (see config.FLAG_RANGES). The seed is the
+# peer's too, and torch takes seeds below 2**64.
+_FLAG_RANGES = {"epochs": (0, True), "fraction": (0, True, 1),
+                "seed": (0, True, 2**64 - 1)}
 
 
 def run(name, command, fraction):
@@ -55,7 +65,7 @@ def run(name, command, fraction):
   """
   print("Running %s: %s" % (name, " ".join(command)), file=sys.stderr,
         flush=True)
-  start, found, epoch = time.time(), {}, 1
+  start, found, epoch, stopped = time.time(), {}, 1, False
   proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
   for line in proc.stdout:
     line = line.strip()
@@ -69,9 +79,12 @@ def run(name, command, fraction):
       found[("progress", match.group(1))] = float(match.group(2))
       if fraction and float(match.group(1)) >= fraction:
         proc.terminate()
+        stopped = True
         break
   code = proc.wait()
-  if code != 0 and not fraction:
+  # A run stopped here ends with a status of its own; one that stopped by
+  # itself and failed (a bad --model, say) ends the comparison.
+  if code != 0 and not stopped:
     raise UserError("%s exited with status %d" % (name, code))
   return found, time.time() - start
 
@@ -100,11 +113,43 @@ def table(ours, peer, fraction):
   return rows
 
 
+def check_peer(peer, python):
+  """Refuses a peer that cannot start, before anything runs.
+
+  The peer runs after ptb_word_lm.py, which may train for hours: a peer
+  found missing or broken only then would cost them. `python peer --help`
+  proves that the interpreter, the script and its imports (its framework)
+  are there.
+
+  Args:
+    peer: the --peer script.
+    python: the --peer_python interpreter.
+  """
+  if not os.path.isfile(peer):
+    raise UserError("--peer=%s %s" % (peer, "is not a file" if os.path.exists(
+        peer) else "does not exist"))
+  if not shutil.which(python):
+    raise UserError("--peer_python=%s: no such program" % python)
+  command = [python, peer, "--help"]
+  proc = subprocess.run(command, capture_output=True, text=True,
+                        errors="replace", check=False)
+  if proc.returncode != 0:
+    said = proc.stderr.strip().splitlines() or ["nothing on stderr"]
+    raise UserError("the peer does not start: `%s` exited with status %d: %s"
+                    % (" ".join(command), proc.returncode, said[-1]))
+
+
 def main(_):
+  config_lib.check_absl_flags(FLAGS, _FLAG_RANGES)
   if bool(FLAGS.epochs > 0) == bool(FLAGS.fraction > 0):
     raise UserError("give one of --epochs=N (N >= 1) and --fraction=F "
                     "(0 < F <= 1)", exit_code=2)
+  check_peer(FLAGS.peer, FLAGS.peer_python)
+  # The corpus's files are there; what they hold, ptb_word_lm.py checks in
+  # its first seconds, before it trains (reading them here would need
+  # TensorFlow in this process for the whole comparison).
   data_path = data_lib.resolve(FLAGS.data_path)
+  data_lib.corpus_files(data_path)
   epochs = FLAGS.epochs or 1
   ours, ours_seconds = run("ptb_word_lm.py", [
       sys.executable, _SCRIPT, "--data_path=" + data_path,

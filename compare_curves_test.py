@@ -1,5 +1,6 @@
 """Tests of compare_curves.py, with a stand-in peer that prints fixed lines."""
 
+import gzip
 import os
 import subprocess
 import sys
@@ -12,9 +13,11 @@ from ptb import testing
 SCRIPT = os.path.join(testing.HERE, "compare_curves.py")
 
 # A peer that prints the tutorial's lines with fixed perplexities; it takes
-# (and ignores) the peer's arguments.
+# (and ignores) the peer's arguments, and starts with --help as peers do.
 FAKE_PEER = '''
 import sys
+if "--help" in sys.argv:
+  sys.exit(0)
 epochs = int([a for a in sys.argv if a.startswith("--epochs=")][0][9:])
 for e in range(1, epochs + 1):
   print("Epoch: %d Learning rate: 1.000" % e)
@@ -74,12 +77,53 @@ class CompareCurvesTest(tf.test.TestCase):
       self.assertAlmostEqual(ratio, ours / peer, places=3)
     self.assertNotIn("Test Perplexity", proc.stdout)
 
-  def testNeedsEpochsOrFraction(self):
+  def testBadFlagsAndInputsEndInOneLineBeforeAnythingRuns(self):
+    # Each case is a process: this script's flags (--data_path, --model,
+    # --seed) are absl's global ones, as ptb_word_lm.py's are, and the two
+    # cannot be defined in one test process. The processes are short: the
+    # script imports no TensorFlow.
     with tempfile.TemporaryDirectory() as tmp:
-      proc = compare(tmp)
-    self.assertEqual(proc.returncode, 2)
-    self.assertIn("compare_curves.py: error: give one of --epochs", proc.stderr)
-    self.assertNotIn("Traceback", proc.stderr)
+      no_valid = os.path.join(tmp, "no_valid")
+      os.mkdir(no_valid)
+      os.remove(os.path.join(testing.make_corpus(no_valid), "ptb.valid.txt"))
+      broken = os.path.join(tmp, "broken_peer.py")
+      with open(broken, "w") as f:
+        f.write("import no_such_framework\n")
+      gzipped = os.path.join(tmp, "gzipped_peer.py")
+      with open(gzipped, "wb") as f:
+        f.write(gzip.compress(FAKE_PEER.encode()))
+
+      def run(args):
+        """compare_curves.py on `args`; nothing ran: stdout is empty."""
+        proc = compare(tmp, *args)
+        self.assertEqual(proc.stdout, "")
+        return proc.stdout, proc.stderr, proc.returncode
+
+      # One error line and nothing else on stderr: no "Running ..." line.
+      testing.assert_each_refused(self, "compare_curves.py", [
+          ([], "give one of --epochs", 2),
+          (["--epochs=1", "--fraction=0.5"], "give one of --epochs", 2),
+          (["--epochs=-1"], "--epochs=-1 must be 0 or more", 2),
+          (["--fraction=1.5"], "--fraction=1.5 must be at most 1", 2),
+          (["--fraction=nan"], "--fraction=nan must be 0 or more", 2),
+          (["--epochs=1", "--seed=-3"], "--seed=-3 must be 0 or more", 2),
+          (["--epochs=1", "--seed=%d" % 2**64], "must be at most", 2),
+          (["--epochs=two"], "flag --epochs=two: invalid literal", 2),
+          (["--epochs=1", "--peer=" + os.path.join(tmp, "none.py")],
+           "none.py does not exist", 1),
+          (["--epochs=1", "--peer=" + tmp], "is not a file", 1),
+          (["--epochs=1", "--peer_python=no-such-python"],
+           "--peer_python=no-such-python: no such program", 1),
+          (["--epochs=1", "--peer=" + broken],
+           "the peer does not start: `%s %s --help` exited with status 1: "
+           "ModuleNotFoundError: No module named 'no_such_framework'"
+           % (sys.executable, broken), 1),
+          (["--epochs=1", "--peer=" + gzipped], "the peer does not start", 1),
+          (["--epochs=1", "--data_path=" + os.path.join(tmp, "nowhere")],
+           "nowhere does not exist", 1),
+          (["--epochs=1", "--data_path=" + no_valid],
+           "ptb.valid.txt is missing", 1),
+      ], run)
 
 
 if __name__ == "__main__":

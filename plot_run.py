@@ -9,11 +9,16 @@ that were killed (no epochs, no test perplexity) still plot.
 """
 
 import csv
+import io
 import json
 import math
+import os
 import sys
 
 from absl import flags
+
+from ptb import outputs
+from ptb.errors import UserError
 
 # Its own flag registry, not absl's global one: ptb_word_lm.py defines a
 # --summary_json too, and both modules load together in one test process.
@@ -41,8 +46,8 @@ _EXTRA_PHASE_COLORS = ("#dadaeb", "#fcbba1", "#f6e8c3", "#c7eae5")
 _GPU_SUFFIX = "_bytes_in_use"
 
 
-class InputError(Exception):
-  """An input file is missing or cannot be parsed."""
+class InputError(UserError):
+  """An input file is missing or cannot be parsed (exit status 1)."""
 
 
 def _pyplot():
@@ -57,19 +62,41 @@ def _pyplot():
   return plt
 
 
+def _text(data, path, what):
+  """`data`, bytes read from `path`, as UTF-8 text.
+
+  Raises:
+    InputError: the bytes are not text, as those of a compressed file.
+  """
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise InputError("%s %s is not text (compressed?): invalid byte 0x%02x "
+                     "at byte offset %d" % (what, path, data[e.start],
+                                            e.start)) from None
+
+
 def load_summary(path):
   """Reads the run summary JSON into a dict.
 
   Raises:
-    InputError: if the file is unreadable or not a JSON object.
+    InputError: if the file is unreadable, not JSON, or not a summary.
   """
   try:
-    with open(path) as f:
-      summary = json.load(f)
-  except (OSError, ValueError) as e:
+    with open(path, "rb") as f:
+      summary = json.loads(_text(f.read(), path, "summary JSON"))
+  except OSError as e:
     raise InputError("cannot read summary JSON %s: %s" % (path, e)) from e
-  if not isinstance(summary, dict):
-    raise InputError("summary JSON %s is not an object" % path)
+  except ValueError as e:
+    raise InputError("summary JSON %s is not valid JSON: %s"
+                     % (path, e)) from e
+  # Another program's JSON (benchmark.py's --output_json, say) would plot
+  # as an empty figure: every summary has a list of epochs, empty or not.
+  if not isinstance(summary, dict) or not isinstance(summary.get("epochs"),
+                                                     list):
+    raise InputError("summary JSON %s is not a run summary of "
+                     "ptb_word_lm.py --summary_json: it has no list of "
+                     "\"epochs\"" % path)
   return summary
 
 
@@ -80,14 +107,16 @@ def load_memory_csv(path):
   are skipped.
 
   Raises:
-    InputError: if the file is unreadable or has no seconds/rss_mib columns.
+    InputError: if the file is unreadable, not text, or has no
+      seconds/rss_mib columns.
   """
   try:
-    with open(path, newline="") as f:
-      reader = csv.DictReader(f)
-      if not {"seconds", "rss_mib"} <= set(reader.fieldnames or ()):
-        raise InputError("memory CSV %s lacks seconds,rss_mib columns" % path)
-      rows = list(reader)
+    with open(path, "rb") as f:
+      text = _text(f.read(), path, "memory CSV")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not {"seconds", "rss_mib"} <= set(reader.fieldnames or ()):
+      raise InputError("memory CSV %s lacks seconds,rss_mib columns" % path)
+    rows = list(reader)
   except (OSError, csv.Error) as e:
     raise InputError("cannot read memory CSV %s: %s" % (path, e)) from e
   return [row for row in rows if _float(row.get("seconds")) is not None
@@ -367,20 +396,46 @@ def plot_run(summary, memory_rows, output_path):
   return output_path
 
 
-def _error(message):
+def _error(message, exit_code=1):
+  """Prints the one error line; returns the exit status."""
   print("%s: error: %s" % (_PROGRAM, message), file=sys.stderr)
-  return 1
+  return exit_code
+
+
+def check_format(path):
+  """Refuses an --output whose extension matplotlib cannot write.
+
+  Checked once the inputs are read and before the figure is drawn, as it
+  imports matplotlib; a name without an extension gets ".png" from it.
+  """
+  # pylint: disable=g-import-not-at-top
+  from matplotlib.backend_bases import FigureCanvasBase
+  extension = os.path.splitext(path)[1][1:].lower()
+  formats = FigureCanvasBase.get_supported_filetypes()
+  if extension and extension not in formats:
+    raise UserError("--output=%s: matplotlib writes no .%s files; it "
+                    "writes .%s" % (path, extension,
+                                    ", .".join(sorted(formats))),
+                    exit_code=2)
 
 
 def main(argv):
   if len(argv) > 1:
-    return _error("unexpected arguments: %s" % " ".join(argv[1:]))
+    return _error("unexpected arguments: %s" % " ".join(argv[1:]), 2)
+  # The output first: a name that cannot be written is refused before
+  # anything is read or drawn.
   try:
+    outputs.check_file("output", FLAGS.output)
     summary = load_summary(FLAGS.summary_json)
     rows = load_memory_csv(FLAGS.memory_csv) if FLAGS.memory_csv else None
-  except InputError as e:
-    return _error(str(e))
+    check_format(FLAGS.output)
+  except UserError as e:
+    return _error(str(e), e.exit_code)
   try:
+    # check_file allows a directory still to be made, as the other
+    # scripts' outputs do; matplotlib makes none.
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)),
+                exist_ok=True)
     plot_run(summary, rows, FLAGS.output)
   except OSError as e:
     return _error("cannot write %s: %s" % (FLAGS.output, e))
@@ -396,7 +451,7 @@ def run(argv):
   try:
     rest = FLAGS(argv)
   except flags.Error as e:
-    return _error(str(e))
+    return _error(" ".join(str(e).split()), 2)
   return main(rest)
 
 

@@ -1,17 +1,21 @@
 """Tests for plot_run.py."""
 
 import csv
+import functools
+import gzip
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import matplotlib.image
 import numpy as np
 
 from ptb import monitor
+from ptb import testing
 import plot_run
 
 _PLOT_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -210,26 +214,76 @@ class PlotRunTest(unittest.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIsPng(output, drawn=_ALL)
 
-  def testCommandLineMissingJson(self):
-    output = self._path("never.png")
-    result = _run_tool("--summary_json=" + self._path("missing.json"),
-                       "--output=" + output)
-    self.assertEqual(result.returncode, 1)
-    error_lines = [line for line in result.stderr.splitlines()
-                   if "plot_run.py: error:" in line]
-    self.assertEqual(len(error_lines), 1, result.stderr)
-    self.assertNotIn("Traceback", result.stderr)
-    self.assertFalse(os.path.exists(output))
+  def _write(self, name, content):
+    """Writes `content` (bytes, or text) to the test's file `name`."""
+    path = self._path(name)
+    with open(path, "wb") as f:
+      f.write(content if isinstance(content, bytes) else content.encode())
+    return path
 
-  def testCommandLineBadJson(self):
-    path = self._path("bad.json")
-    with open(path, "w") as f:
-      f.write('{"status": "runn')
-    result = _run_tool("--summary_json=" + path,
-                       "--output=" + self._path("never.png"))
-    self.assertEqual(result.returncode, 1)
-    self.assertIn("plot_run.py: error:", result.stderr)
-    self.assertNotIn("Traceback", result.stderr)
+  def _run(self, args):
+    """plot_run.py's entry point on `args`; the drawing fails if reached."""
+    argv = ["plot_run.py"] + args
+    with mock.patch.object(plot_run, "plot_run") as draw:
+      result = testing.run_entry_point(functools.partial(plot_run.run, argv),
+                                       argv, plot_run.FLAGS)
+    self.assertFalse(draw.called, "drawn first")
+    return result
+
+  def testBadFlagsAndInputsEndInOneLineBeforeAnyDrawing(self):
+    summary = self._write("summary.json", json.dumps(synthetic_summary()))
+    memory = self._path("memory.csv")
+    _write_csv(memory, synthetic_memory_rows())
+    png = self._path("run.png")
+    # Inputs of the wrong kind: compressed, cut short, another program's.
+    gzipped = self._write("summary.json.gz",
+                          gzip.compress(json.dumps(synthetic_summary())
+                                        .encode()))
+    cut = self._write("cut.json", '{"status": "runn')
+    benchmark_json = self._write("bench.json", json.dumps(
+        {"tensorflow": "2.21.0", "results": []}))
+    a_list = self._write("list.json", "[1, 2]")
+    csv_gzipped = self._write("memory.csv.gz", gzip.compress(b"seconds,rss"))
+    other_csv = self._write("other.csv", "name,size\na,1\n")
+    in_the_way = self._write("in_the_way", "a file\n")
+    cases = [
+        ([], "Flag --summary_json must have a value other than None", 2),
+        (["--summary_json=" + summary], "Flag --output must have a value", 2),
+        (["--summary_json=" + summary, "--output=" + png, "--dpi=300"],
+         "Unknown command line flag 'dpi'", 2),
+        (["--summary_json=" + summary, "--output=" + png, "extra"],
+         "unexpected arguments: extra", 2),
+        (["--summary_json=" + self._path("missing.json"), "--output=" + png],
+         "cannot read summary JSON", 1),
+        (["--summary_json=" + gzipped, "--output=" + png],
+         "is not text (compressed?)", 1),
+        (["--summary_json=" + cut, "--output=" + png], "is not valid JSON", 1),
+        (["--summary_json=" + benchmark_json, "--output=" + png],
+         "is not a run summary of ptb_word_lm.py", 1),
+        (["--summary_json=" + a_list, "--output=" + png],
+         "is not a run summary of ptb_word_lm.py", 1),
+        (["--summary_json=" + summary, "--memory_csv=" + csv_gzipped,
+          "--output=" + png], "memory CSV %s is not text" % csv_gzipped, 1),
+        (["--summary_json=" + summary, "--memory_csv=" + other_csv,
+          "--output=" + png], "lacks seconds,rss_mib columns", 1),
+        (["--summary_json=" + summary, "--memory_csv=" + self._path("none"),
+          "--output=" + png], "cannot read memory CSV", 1),
+        (["--summary_json=" + summary, "--output=" + self._tmp.name],
+         "is a directory; give a file name", 1),
+        (["--summary_json=" + summary,
+          "--output=" + os.path.join(in_the_way, "run.png")],
+         "cannot be written: Not a directory", 1),
+        (["--summary_json=" + summary, "--memory_csv=" + memory,
+          "--output=" + self._path("run.txt")],
+         "matplotlib writes no .txt files", 2),
+    ]
+    testing.assert_each_refused(self, "plot_run.py", cases, self._run)
+    self.assertFalse(os.path.exists(png))
+    # One as a program: the real entry point.
+    testing.assert_error_line(
+        self, "plot_run.py", testing.run_program(
+            "plot_run.py", ["--summary_json=" + gzipped, "--output=" + png]),
+        "is not text (compressed?)", 1)
 
 
 if __name__ == "__main__":

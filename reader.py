@@ -5,16 +5,15 @@ knows nothing of flags or models.
 """
 
 import collections
-import os
 
 import numpy as np
 import tensorflow as tf
 
-from ptb.data import URL
+# Imported for the tests and tools that read reader.FILE_NAMES.
+from ptb.data import FILE_NAMES  # pylint: disable=unused-import
+from ptb.data import corpus_files
 from ptb.errors import DataError
 from ptb.state import local_variable
-
-FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
 
 
 def _read_words(filename):
@@ -72,19 +71,7 @@ def ptb_raw_data(data_path):
     DataError: the directory or a file is missing or unusable; the message
       names it and says how to get the data.
   """
-  if not os.path.isdir(data_path):
-    what = "is a file" if os.path.exists(data_path) else "does not exist"
-    raise DataError(
-        "--data_path=%s %s: give the directory that holds %s (for example "
-        "simple-examples/data from %s)"
-        % (data_path, what, ", ".join(FILE_NAMES), URL))
-  paths = [os.path.join(data_path, name) for name in FILE_NAMES]
-  for path in paths:
-    if not os.path.exists(path):
-      raise DataError(
-          "%s is missing: --data_path must hold %s; get them by unpacking %s "
-          "and pointing --data_path at simple-examples/data"
-          % (path, ", ".join(FILE_NAMES), URL))
+  paths = corpus_files(data_path)
   train_words, valid_words, test_words = (_read_words(p) for p in paths)
   word_to_id = _build_vocab(train_words)
   return (_word_ids(train_words, word_to_id), _word_ids(valid_words, word_to_id),
@@ -232,6 +219,15 @@ def ptb_chunk_producer(raw_data, batch_size, num_steps, steps_per_call,
   return p.x, p.y, p.weights
 
 
+def check_vocab_size(words, vocab_size):
+  """Raises DataError when the corpus's `words` do not fit `vocab_size`."""
+  if words > vocab_size:
+    raise DataError(
+        "the training corpus has %d distinct words but the config's "
+        "vocab_size is %d: raise vocab_size (e.g. --config_overrides="
+        "vocab_size=%d) or use a smaller corpus" % (words, vocab_size, words))
+
+
 def load_data(data_path, vocab_size, rows, num_steps):
   """Reads the corpus and checks that it fits the config, before any work.
 
@@ -250,11 +246,7 @@ def load_data(data_path, vocab_size, rows, num_steps):
       `vocab_size`, or a pass would have no window.
   """
   train_data, valid_data, test_data, words = ptb_raw_data(data_path)
-  if words > vocab_size:
-    raise DataError(
-        "the training corpus has %d distinct words but the config's "
-        "vocab_size is %d: raise vocab_size (e.g. --config_overrides="
-        "vocab_size=%d) or use a smaller corpus" % (words, vocab_size, words))
+  check_vocab_size(words, vocab_size)
   for name, ids, n, steps in zip(
       ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt"),
       (train_data, valid_data, test_data), rows, num_steps):

@@ -15,8 +15,11 @@ import subprocess
 import sys
 import threading
 
-from absl import app
 from absl import flags
+
+from ptb import config as config_lib
+from ptb import errors
+from ptb.errors import UserError
 
 flags.DEFINE_integer("num_ps", 1, "Parameter-server tasks.")
 flags.DEFINE_integer("num_workers", 2, "Worker tasks; worker 0 is the chief.")
@@ -26,6 +29,11 @@ flags.DEFINE_float("grace", 30.0,
 FLAGS = flags.FLAGS
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "ptb_word_lm.py")
+# The numeric flags' ranges (see config.FLAG_RANGES).
+_FLAG_RANGES = {"num_ps": (1, True), "num_workers": (1, True),
+                "grace": (0, True)}
+# ptb_word_lm.py's flags that the launcher gives each task itself.
+_TASK_FLAGS = ("job_name", "task_index", "ps_hosts", "worker_hosts")
 
 
 def free_ports(count):
@@ -72,11 +80,23 @@ def launch(num_ps, num_workers, args):
   return tasks
 
 
+def check_args(args):
+  """Refuses the launcher's flags out of range, before any task starts.
+
+  Args:
+    args: ptb_word_lm.py's arguments; they may not set what the launcher
+      sets for each task (a task's flags would contradict the cluster).
+  """
+  config_lib.check_absl_flags(FLAGS, _FLAG_RANGES)
+  for arg in args:
+    name = arg.lstrip("-").split("=", 1)[0]
+    if arg.startswith("-") and name in _TASK_FLAGS:
+      raise UserError("%s: the launcher sets --%s for each task; leave it "
+                      "out" % (arg, name), exit_code=2)
+
+
 def main(argv):
-  if FLAGS.num_ps < 1 or FLAGS.num_workers < 1:
-    print("run_local_cluster.py: error: --num_ps and --num_workers must be at "
-          "least 1", file=sys.stderr)
-    return 2
+  check_args(argv[1:])
   tasks = launch(FLAGS.num_ps, FLAGS.num_workers, argv[1:])
 
   def forward(signum, _):
@@ -102,4 +122,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  errors.run_main(main, graph_mode=False)

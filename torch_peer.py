@@ -47,7 +47,9 @@ from torch.nn import functional as F
 
 from ptb import config as config_lib
 from ptb import data as data_lib
+from ptb import errors
 from ptb import monitor
+from ptb import outputs
 from ptb.errors import Stop
 from ptb.errors import UserError
 from ptb.training import epoch_learning_rate
@@ -270,17 +272,40 @@ def save_epoch(path, model, config, epoch):
   os.replace(path + ".tmp", path)
 
 
+def _load_save(path):
+  """What save_epoch wrote to `path`, as torch.load reads it.
+
+  Raises:
+    UserError: the file is not one that save_epoch wrote.
+  """
+  # torch.load fails in many ways on a file not its own (cut short, another
+  # format): EOFError, RuntimeError, pickle's errors and more. Any of them
+  # means the same to the user; its first sentence says which it was.
+  try:
+    saved = torch.load(path, weights_only=False)
+  except Exception as e:  # pylint: disable=broad-except
+    reason = " ".join(str(e).split()).split(". ")[0]
+    raise UserError("%s is not a save of torch_peer.py (%s: %s); move it "
+                    "away or use another --save_path"
+                    % (path, type(e).__name__, reason)) from None
+  if not (isinstance(saved, dict)
+          and {"epoch", "config", "model", "rng"} <= set(saved)):
+    raise UserError("%s is not a save of torch_peer.py (it lacks its "
+                    "fields); move it away or use another --save_path" % path)
+  return saved
+
+
 def load_epoch(path, model, config):
   """Loads what save_epoch saved into `model`; returns the epochs done.
 
   Returns 0 where there is no file.
 
   Raises:
-    UserError: the file was saved with another config.
+    UserError: the file was saved with another config, or is no save.
   """
   if not os.path.exists(path):
     return 0
-  saved = torch.load(path, weights_only=False)
+  saved = _load_save(path)
   if saved["config"] != _curve_fields(config):
     raise UserError("%s was saved with another config: %s; use another "
                     "--save_path" % (path, saved["config"]))
@@ -346,9 +371,28 @@ def measure_speed(model, config, train_ids, steps, warmup):
   return words / seconds, seconds, cost / config.num_steps, faults / steps
 
 
+# The numeric flags' ranges (see config.FLAG_RANGES); torch takes seeds
+# below 2**64.
+_FLAG_RANGES = {"steps": (1, True), "warmup": (0, True), "epochs": (0, True),
+                "seed": (0, True, 2**64 - 1)}
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose errors are one line (a UserError), not usage and line."""
+
+  def error(self, message):
+    raise UserError(message, exit_code=2)
+
+
 def parse_args(argv):
-  parser = argparse.ArgumentParser(
-      prog="torch_peer.py", description=__doc__.split("\n\n")[0])
+  """The command line `argv`, checked: ranges, and the --save_path.
+
+  Raises:
+    UserError: a flag that does not parse or is out of its range, or a
+      --save_path that cannot be written.
+  """
+  parser = _Parser(prog="torch_peer.py",
+                   description=__doc__.split("\n\n")[0])
   parser.add_argument("--data_path", default=None,
                       help="PTB directory; unset: $PTB_DATA_PATH, else the "
                       "cache, as ptb_word_lm.py finds it")
@@ -370,9 +414,10 @@ def parse_args(argv):
                       help="field=value,... over the config, as in "
                       "ptb_word_lm.py")
   args = parser.parse_args(argv)
-  if args.steps < 1 or args.warmup < 0 or args.epochs < 0:
-    parser.error("--steps must be at least 1, --warmup and --epochs 0 or "
-                 "more")
+  config_lib.check_flag_ranges({name: getattr(args, name)
+                                for name in _FLAG_RANGES}, _FLAG_RANGES)
+  if args.epochs and args.save_path:
+    outputs.check_directory("save_path", args.save_path)
   return args
 
 
@@ -399,10 +444,15 @@ def main(argv=None):
   print("wps: %.0f" % wps)
 
 
-if __name__ == "__main__":
+def run(argv=None):
+  """main, with a Stop ended as one line on stderr; returns the exit status."""
   try:
-    main()
+    main(argv)
   except Stop as e:
-    print("torch_peer.py: %s%s" % ("error: " if isinstance(e, UserError)
-                                   else "", e), file=sys.stderr)
-    sys.exit(e.exit_code)
+    errors.print_stop(e)
+    return e.exit_code
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(run())

@@ -6,12 +6,11 @@ Without torch (it is not a requirement of the project) they are skipped:
 
 import contextlib
 import copy
+import functools
 import importlib.util
 import io
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import unittest
 from unittest import mock
@@ -19,6 +18,7 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
+from ptb import testing
 from ptb.testing import HERE
 from ptb.testing import TinyConfig
 from ptb.testing import make_corpus
@@ -26,6 +26,7 @@ from ptb.errors import UserError
 from ptb.training import epoch_learning_rate
 from ptb_word_lm_test import LINE_FORMATS
 from ptb_word_lm_test import _tutorial_training
+import ptb_word_lm_testing
 from ptb_word_lm_testing import build_tiny_model
 import reader
 
@@ -35,8 +36,6 @@ NO_TORCH = ("torch is not installed (it is optional: python3 -m pip install "
 if HAVE_TORCH:
   import torch  # pylint: disable=g-import-not-at-top
   import torch_peer  # pylint: disable=g-import-not-at-top
-
-SCRIPT = os.path.join(HERE, "torch_peer.py")
 
 
 def port_run(config, data, epochs):
@@ -318,18 +317,74 @@ class MainTest(OneThreadTestCase):
 
 
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
-class CommandLineTest(tf.test.TestCase):
-  """torch_peer.py as a program: the one sample of its error line."""
+class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
+  """Bad flags and inputs end in one line before any step is taken."""
 
-  def testUserErrorIsOneLine(self):
-    proc = subprocess.run([sys.executable, SCRIPT, "--model=huge",
-                           "--data_path=" + HERE], capture_output=True,
-                          text=True, timeout=600, cwd=HERE)
-    self.assertEqual(proc.returncode, 2)
-    self.assertEqual(proc.stdout, "")
-    self.assertNotIn("Traceback", proc.stderr)
-    self.assertIn("torch_peer.py: error: Invalid model: huge; valid values "
-                  "are small, medium, large, test\n", proc.stderr)
+  def setUp(self):
+    super().setUp()
+    self.data = make_corpus(self.tmp)
+
+  def _saves(self):
+    """--save_path directories holding files that are no peer's save.
+
+    Returns:
+      (one with a save cut short, one with another program's torch file).
+    """
+    cut, other = (os.path.join(self.tmp, name) for name in ("cut", "other"))
+    for directory in (cut, other):
+      os.mkdir(directory)
+    torch.save({"weights": [1.0, 2.0]}, os.path.join(other, "torch_peer.pt"))
+    with open(os.path.join(other, "torch_peer.pt"), "rb") as f:
+      whole = f.read()
+    with open(os.path.join(cut, "torch_peer.pt"), "wb") as f:
+      f.write(whole[:len(whole) // 2])
+    return cut, other
+
+  def _run(self, args):
+    """torch_peer.py's entry point on `args` after a valid command line.
+
+    Its training step is replaced by one that fails the test if called.
+    """
+    args = ["--data_path=" + self.data, "--model=test"] + args
+    with mock.patch.object(torch_peer, "train_step") as step:
+      result = testing.run_entry_point(
+          functools.partial(torch_peer.run, args), ["torch_peer.py"] + args)
+    self.assertFalse(step.called, "trained first")
+    return result
+
+  def testEachEndsInOneLineBeforeAnyStep(self):
+    gzipped = testing.make_gzipped_corpus(os.path.join(self.tmp, "gzipped"))
+    a_file = os.path.join(self.data, "ptb.test.txt")
+    cut, other = self._saves()
+    testing.assert_each_refused(self, "torch_peer.py", [
+        (["--steps=0"], "--steps=0 must be at least 1", 2),
+        (["--warmup=-1"], "--warmup=-1 must be 0 or more", 2),
+        (["--epochs=-2"], "--epochs=-2 must be 0 or more", 2),
+        (["--seed=-1"], "--seed=-1 must be 0 or more", 2),
+        (["--seed=%d" % 2**64], "must be at most 18446744073709551615", 2),
+        (["--steps=x"], "argument --steps: invalid int value: 'x'", 2),
+        (["--bogus"], "unrecognized arguments: --bogus", 2),
+        (["--model=huge"], "Invalid model: huge", 2),
+        (["--config_overrides=nope=1"], "unknown field 'nope'", 2),
+        (["--data_path=" + os.path.join(self.tmp, "nowhere")],
+         "does not exist", 1),
+        (["--data_path=" + gzipped], "ptb.train.txt is not UTF-8 text", 1),
+        (["--config_overrides=vocab_size=5"],
+         "the training corpus has 31 distinct words", 1),
+        (["--epochs=1", "--save_path=" + a_file],
+         "cannot be written: Not a directory", 1),
+        (["--epochs=1", "--save_path=" + cut],
+         "torch_peer.pt is not a save of torch_peer.py (RuntimeError: ", 1),
+        (["--epochs=1", "--save_path=" + other],
+         "torch_peer.pt is not a save of torch_peer.py (it lacks its fields)",
+         1),
+    ], self._run)
+    # One as a program: the real entry point.
+    testing.assert_error_line(
+        self, "torch_peer.py", testing.run_program(
+            "torch_peer.py", ["--model=huge", "--data_path=" + HERE]),
+        "torch_peer.py: error: Invalid model: huge; valid values are small, "
+        "medium, large, test", 2, alone=False)
 
 
 if __name__ == "__main__":

@@ -145,27 +145,31 @@ def validate_config(config):
                     exit_code=2)
 
 
-def resolve_config(config, num_gpus, overrides):
+def resolve_config(config, num_gpus, overrides, announce=True):
   """The config a run uses: the class's fields, then --config_overrides.
 
   Args:
     config: a fresh config instance, with --rnn_mode applied if given.
     num_gpus: 0 trains on the CPU.
     overrides: the --config_overrides text, or None.
+    announce: print the overrides and log the mode; False only checks (as
+      benchmark.py does for every combination before it measures one).
 
   Returns:
     `config`, validated, with AUTO replaced by the mode it picks here.
   """
   if overrides:
     changed = apply_overrides(config, overrides)
-    print("Config overrides: %s" % ", ".join("%s=%s" % kv
-                                             for kv in changed.items()))
+    if announce:
+      print("Config overrides: %s" % ", ".join("%s=%s" % kv
+                                               for kv in changed.items()))
   validate_config(config)
   mode = parse_rnn_mode(config.rnn_mode, "config rnn_mode")
   config.rnn_mode = auto_rnn_mode(num_gpus) if mode == AUTO else mode
-  logging.info("rnn_mode: %s%s", config.rnn_mode.upper(),
-               " (AUTO on the %s)" % ("GPU" if num_gpus else "CPU")
-               if mode == AUTO else "")
+  if announce:
+    logging.info("rnn_mode: %s%s", config.rnn_mode.upper(),
+                 " (AUTO on the %s)" % ("GPU" if num_gpus else "CPU")
+                 if mode == AUTO else "")
   return config
 
 
@@ -175,7 +179,7 @@ def auto_rnn_mode(num_gpus):
 
 
 # Each numeric flag's lowest valid value, and whether the value itself is
-# allowed.
+# allowed; a third item, where there is one, is the highest valid value.
 FLAG_RANGES = {"num_gpus": (0, True), "cpu_towers": (1, True),
                "intra_op_threads": (0, True), "inter_op_threads": (0, True),
                "eval_unroll": (1, True), "seed": (0, True),
@@ -183,18 +187,36 @@ FLAG_RANGES = {"num_gpus": (0, True), "cpu_towers": (1, True),
                "task_index": (0, True), "cluster_timeout": (0, False)}
 
 
-def check_flag_ranges(values):
-  """Refuses a numeric flag outside its range (FLAG_RANGES), with its name.
+def check_flag_ranges(values, ranges=None):
+  """Refuses a numeric flag outside its range, with its name.
 
   Args:
-    values: {flag name: value} for the names of FLAG_RANGES.
+    values: {flag name: value} for the names of `ranges`.
+    ranges: {flag name: (low, whether low is allowed[, high])}, as
+      FLAG_RANGES (the default) has them for ptb_word_lm.py's flags; the
+      other scripts give their own flags' ranges.
   """
   for name, value in values.items():
     if value is None:  # unset, e.g. --seed
       continue
-    low, inclusive = FLAG_RANGES[name]
+    low, inclusive, *high = (ranges or FLAG_RANGES)[name]
+    # Written so that NaN, which no comparison holds for, is refused.
     if not (value >= low if inclusive else value > low):
       bound = (("0 or more" if inclusive else "positive") if low == 0 else
                ("at least %s" if inclusive else "more than %s") % low)
       raise UserError("--%s=%s must be %s" % (name, value, bound),
                       exit_code=2)
+    if high and not value <= high[0]:
+      raise UserError("--%s=%s must be at most %s" % (name, value, high[0]),
+                      exit_code=2)
+
+
+def check_absl_flags(flag_values, ranges):
+  """check_flag_ranges of the absl flags that `ranges` names.
+
+  Args:
+    flag_values: the script's absl FlagValues, parsed.
+    ranges: as check_flag_ranges takes them.
+  """
+  check_flag_ranges({name: flag_values[name].value for name in ranges},
+                    ranges)

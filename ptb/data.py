@@ -31,6 +31,8 @@ URL = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
 MD5SUMS = {"ptb.train.txt": "f26c4b92c5fdc7b3f8c7cdcb991d8420",
            "ptb.valid.txt": "aa0affc06ff7c36e977d7cd49e3839bf",
            "ptb.test.txt": "8b80168b89c18661a38ef683c0dc3721"}
+# The corpus's three files, in the order train, valid, test.
+FILE_NAMES = ("ptb.train.txt", "ptb.valid.txt", "ptb.test.txt")
 # Seconds without a byte from the server before the download gives up.
 _TIMEOUT = 60
 _CHUNK = 1 << 20
@@ -100,6 +102,31 @@ def resolve(data_path, say=_say):
                "the cache" % url, 130) from None
   say("PTB data downloaded from %s and checked: %s" % (url, target))
   return target
+
+
+def corpus_files(data_path):
+  """The paths of the three files in `data_path`, which must hold them.
+
+  Here rather than in reader.py, which needs TensorFlow: compare_curves.py
+  checks its --data_path with it before it starts anything.
+
+  Raises:
+    DataError: `data_path` is not a directory, or a file is missing.
+  """
+  if not os.path.isdir(data_path):
+    what = "is a file" if os.path.exists(data_path) else "does not exist"
+    raise DataError(
+        "--data_path=%s %s: give the directory that holds %s (for example "
+        "simple-examples/data from %s)"
+        % (data_path, what, ", ".join(FILE_NAMES), URL))
+  paths = [os.path.join(data_path, name) for name in FILE_NAMES]
+  for path in paths:
+    if not os.path.exists(path):
+      raise DataError(
+          "%s is missing: --data_path must hold %s; get them by unpacking %s "
+          "and pointing --data_path at simple-examples/data"
+          % (path, ", ".join(FILE_NAMES), URL))
+  return paths
 
 
 def _by_hand(url):

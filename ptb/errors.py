@@ -84,6 +84,27 @@ def _probe_write(directory):
   return None
 
 
+def print_stop(stop):
+  """Prints the Stop `stop` on stderr: the run's one line, named like it."""
+  print("%s: %s%s" % (os.path.basename(sys.argv[0]),
+                      "error: " if isinstance(stop, UserError) else "", stop),
+        file=sys.stderr)
+
+
+def _parse_flags(argv):
+  """Parses the command line as absl does; a bad flag is a UserError.
+
+  absl's own parser prints two lines and exits with status 1; a flag that
+  does not parse is a usage error like a flag out of its range: one line,
+  status 2.
+  """
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    raise UserError(" ".join(str(e).split()), exit_code=2) from None
+
+
 def run_main(main_fn, graph_mode=True):
   """Entry point: runs main_fn under absl; a Stop ends it as one line.
 
@@ -104,9 +125,7 @@ def run_main(main_fn, graph_mode=True):
     # TF1 API this port deliberately uses are noise next to its output.
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
   try:
-    app.run(main_fn)
+    app.run(main_fn, flags_parser=_parse_flags)
   except Stop as e:
-    print("%s: %s%s" % (os.path.basename(sys.argv[0]),
-                        "error: " if isinstance(e, UserError) else "", e),
-          file=sys.stderr)
+    print_stop(e)
     sys.exit(e.exit_code)

@@ -2,13 +2,21 @@
 
 They run ptb_word_lm.py as a program and never import it (nor the other
 top-level modules); the helpers that do are in ptb_word_lm_testing.py.
+The last ones run any user script, given its entry point, in this process
+or as a program, and check the one line a refused command line ends in.
 Nothing here is used by a training run.
 """
 
+import contextlib
+import gzip
+import io
 import os
 import subprocess
 import sys
+from unittest import mock
 
+from absl import flags
+from absl.testing import flagsaver
 import numpy as np
 import tensorflow as tf
 
@@ -30,6 +38,23 @@ def make_corpus(directory, num_words=30, train_lines=300, seed=0,
         ids = np.minimum(rng.geometric(0.15, size=rng.randint(3, 12)) - 1,
                          num_words - 1)
         f.write(" " + " ".join(words[i] for i in ids) + " \n")
+  return directory
+
+
+def make_gzipped_corpus(directory):
+  """make_corpus in `directory` (made here), its training file gzipped.
+
+  A corpus of the wrong kind: its training file is not text.
+
+  Returns:
+    The directory.
+  """
+  os.makedirs(directory)
+  train = os.path.join(make_corpus(directory), "ptb.train.txt")
+  with open(train, "rb") as f:
+    text = f.read()
+  with open(train, "wb") as f:
+    f.write(gzip.compress(text))
   return directory
 
 
@@ -169,3 +194,81 @@ def assert_user_error(test, args, pattern, code=1, env=None):
   test.assertLen(error_lines, 1, err)
   test.assertRegex(error_lines[0], pattern)
   return out, err
+
+
+def run_entry_point(entry, argv, flag_values=None):
+  """Runs a user script's entry point in this process, as its command line.
+
+  Args:
+    entry: runs what the script's `__main__` block runs; returns the exit
+      status or raises SystemExit.
+    argv: the command line, the script's name first.
+    flag_values: the script's absl FlagValues where it has its own (absl's
+      global ones otherwise): their values are restored afterwards.
+
+  Returns:
+    (stdout, stderr, exit status).
+  """
+  flag_values = flag_values or flags.FLAGS
+  saved = flagsaver.save_flag_values(flag_values)
+  out, err = io.StringIO(), io.StringIO()
+  try:
+    with mock.patch.object(sys, "argv", list(argv)), \
+        contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      try:
+        status = entry()
+      except SystemExit as e:
+        status = e.code
+  finally:
+    flagsaver.restore_flag_values(saved, flag_values)
+  return out.getvalue(), err.getvalue(), status or 0
+
+
+def run_program(script, args, timeout=600):
+  """Runs the user script `script` (a file in HERE) as a program.
+
+  Returns:
+    (stdout, stderr, exit status).
+  """
+  proc = subprocess.run([sys.executable, os.path.join(HERE, script)] +
+                        list(args), capture_output=True, text=True,
+                        timeout=timeout, cwd=HERE)
+  return proc.stdout, proc.stderr, proc.returncode
+
+
+def assert_each_refused(test, script, cases, run):
+  """Checks a table of refused command lines, each case as a subtest.
+
+  Args:
+    test: the TestCase.
+    script: the script's file name.
+    cases: (arguments, what the error line must say, exit status) each.
+    run: runs the script on a case's arguments; returns (stdout, stderr,
+      exit status), having checked that nothing was done first.
+  """
+  for args, fragment, code in cases:
+    with test.subTest(args=args):
+      assert_error_line(test, script, run(args), fragment, code)
+
+
+def assert_error_line(test, script, result, fragment, exit_code, alone=True):
+  """Checks that a run ended as a refused command line does: in one line.
+
+  Args:
+    test: the TestCase.
+    script: the script's file name, which starts its error line.
+    result: (stdout, stderr, exit status) of the run.
+    fragment: what the error line must say.
+    exit_code: the status the run must end with.
+    alone: the line must be all of stderr; otherwise it must be the last
+      line and the only one that names the script (a program that imports
+      TensorFlow may print TensorFlow's start-up lines first).
+  """
+  _, err, status = result
+  lines = err.splitlines()
+  test.assertNotIn("Traceback", err)
+  test.assertEqual(status, exit_code, err)
+  test.assertTrue(lines and lines[-1].startswith(script + ": error: "), err)
+  test.assertIn(fragment, lines[-1])
+  mine = lines if alone else [l for l in lines if script in l]
+  test.assertEqual(len(mine), 1, err)
