@@ -235,6 +235,9 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
       fetches = [model.cost, model.train_op, model.update_state]
       # As ptb_word_lm.py does, so that the peak RSS is the same figure.
       monitor.release_library_pages()
+      # The peak over the training steps, warm-up and timed, as
+      # torch_peer.py measures it.
+      monitor.reset_peak_rss()
       for i in range(FLAGS.warmup):
         session.run(fetches)
         if i == 0:

@@ -522,7 +522,7 @@ def main(_):
       with training.summarize_failures(summary, watch.where, cluster,
                                        FLAGS.cluster_timeout):
         for i in range(first_epoch, config.max_max_epoch):
-          lr = training.epoch_learning_rate(config, i)
+          lr = config_lib.epoch_learning_rate(config, i)
           m.assign_lr(session, lr)
           print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
           train_perplexity = run_epoch(

@@ -230,7 +230,7 @@ def train_in_process(config, data, eval_unroll=20, seed=1):
                  tf.compat.v1.local_variables_initializer()])
     train = models[0]
     for i in range(config.max_max_epoch):
-      train.assign_lr(session, training.epoch_learning_rate(config, i))
+      train.assign_lr(session, config_lib.epoch_learning_rate(config, i))
       ptb_word_lm.run_epoch(session, train, eval_op=train.train_op)
   return graph, session, models
 

@@ -1,19 +1,19 @@
 """Utilities for parsing PTB text files.
 
 Text -> word ids -> `[batch_size, num_steps]` input/target tensors. This module
-knows nothing of flags or models.
+knows nothing of flags or models. Only the producers, which build tensors,
+import TensorFlow: the ids and windows are numpy's, so that the PyTorch peer
+(torch_peer.py) reads the corpus without TensorFlow in its process.
 """
 
 import collections
 
 import numpy as np
-import tensorflow as tf
 
 # Imported for the tests and tools that read reader.FILE_NAMES.
 from ptb.data import FILE_NAMES  # pylint: disable=unused-import
 from ptb.data import corpus_files
 from ptb.errors import DataError
-from ptb.state import local_variable
 
 
 def _read_words(filename):
@@ -164,6 +164,9 @@ def producer(raw_data, batch_size, num_steps, steps_per_call=1,
   Raises:
     DataError: epoch_size == 0.
   """
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from ptb.state import local_variable
   x, y, w = chunk_windows(raw_data, batch_size, num_steps, steps_per_call)
   num_calls = x.shape[0]
   if with_weights is None:

@@ -6,17 +6,18 @@ steps, clipping to the global norm, plain SGD, the learning-rate schedule,
 the state carried between windows), written for PyTorch on the CPU as a
 PyTorch user would write it: `nn.LSTM`, whose layers run as oneDNN's fused
 LSTM forward and backward. It reads the corpus with this project's reader,
-found as ptb_word_lm.py finds it, and takes its config from ptb_word_lm.py
-(`--model`, `--config_overrides`), so that a config class edited in place
-drives both programs. torch is not a requirement of the project:
+found as ptb_word_lm.py finds it, and takes its config from ptb_word_lm.py's
+source (`--model`, `--config_overrides`), so that a config class edited in
+place drives both programs; neither brings TensorFlow into its process.
+torch is not a requirement of the project:
 
   python3 -m pip install torch==2.13.0
 
 Speed, the default: `--warmup` untimed training steps, then `--steps` timed
 ones, on the training data; wps counts the words of the timed steps, as
 benchmark.py does. It prints two lines, after `Config overrides: ...` when
-there are some (peak_rss_mib includes TensorFlow, which the reader and the
-configs import):
+there are some (peak_rss_mib is the peak over the training steps, warm-up
+and timed, as benchmark.py measures it):
 
   python3 torch_peer.py --model=small --steps=60 --warmup=5
   model=small torch=V threads=T steps=60 seconds=S last_loss=L
@@ -50,11 +51,14 @@ from ptb import data as data_lib
 from ptb import errors
 from ptb import monitor
 from ptb import outputs
+from ptb.config import epoch_learning_rate
 from ptb.errors import Stop
 from ptb.errors import UserError
-from ptb.training import epoch_learning_rate
-import ptb_word_lm
 import reader
+
+# The script whose config classes this peer trains (read, never imported).
+CONFIG_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                             "ptb_word_lm.py")
 
 
 class PTBModel(nn.Module):
@@ -356,6 +360,7 @@ def measure_speed(model, config, train_ids, steps, warmup):
   inputs, targets = windows(train_ids, config.batch_size, config.num_steps)
   lr = epoch_learning_rate(config, 0)
   model.train()
+  monitor.reset_peak_rss()  # the training's peak, as benchmark.py measures
   for i in range(warmup + steps):
     if i == warmup:
       faults = monitor.page_faults()
@@ -423,8 +428,9 @@ def parse_args(argv):
 
 def main(argv=None):
   args = parse_args(argv)
-  config = config_lib.resolve_config(ptb_word_lm.get_config(args.model), 0,
-                                     args.config_overrides)
+  config = config_lib.resolve_config(
+      config_lib.new_config(config_lib.configs_from_source(CONFIG_SCRIPT),
+                            args.model), 0, args.config_overrides)
   data = reader.load_data(
       data_lib.resolve(args.data_path), config.vocab_size,
       (config.batch_size, config.batch_size, 1),

@@ -11,6 +11,9 @@ import importlib.util
 import io
 import os
 import re
+import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 from unittest import mock
@@ -18,14 +21,16 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
+from ptb import config as config_lib
 from ptb import testing
 from ptb.testing import HERE
 from ptb.testing import TinyConfig
 from ptb.testing import make_corpus
 from ptb.errors import UserError
-from ptb.training import epoch_learning_rate
+from ptb.config import epoch_learning_rate
 from ptb_word_lm_test import LINE_FORMATS
 from ptb_word_lm_test import _tutorial_training
+import ptb_word_lm
 import ptb_word_lm_testing
 from ptb_word_lm_testing import build_tiny_model
 import reader
@@ -314,6 +319,46 @@ class MainTest(OneThreadTestCase):
     self.assertIsNotNone(wps, lines[1])
     self.assertAllClose(3 * 20 * 2 / int(wps.group(1)),
                         float(match.group(1)), atol=0.006, rtol=0.01)
+
+  def testRunsWithoutTensorFlowAndReadsTheClassAsEdited(self):
+    """Real processes in which `import tensorflow` fails: the peer trains,
+    and a config class edited in place is the one it reads."""
+    probe = ("import sys, runpy; sys.modules['tensorflow'] = None; "
+             "sys.argv = sys.argv[1:]; "
+             "runpy.run_path('torch_peer.py', run_name='__main__')")
+    with tempfile.TemporaryDirectory() as tmp:
+      for name in ("torch_peer.py", "reader.py", "ptb_word_lm.py"):
+        shutil.copy(os.path.join(HERE, name), tmp)
+      shutil.copytree(os.path.join(HERE, "ptb"), os.path.join(tmp, "ptb"))
+      data = os.path.join(tmp, "data")
+      os.mkdir(data)
+      command = [sys.executable, "-c", probe, "torch_peer.py",
+                 "--data_path=" + make_corpus(data), "--model=test",
+                 "--steps=1", "--warmup=0", "--config_overrides=vocab_size=31"]
+      ran = subprocess.run(command, cwd=tmp, capture_output=True, text=True,
+                           timeout=120, check=False)
+      script = os.path.join(tmp, "ptb_word_lm.py")
+      with open(script, encoding="utf-8") as f:
+        source = f.read()
+      # TestConfig's hidden_size, the only class with 2, edited to 0.
+      self.assertEqual(source.count("  hidden_size = 2\n"), 1)
+      with open(script, "w", encoding="utf-8") as f:
+        f.write(source.replace("  hidden_size = 2\n", "  hidden_size = 0\n"))
+      edited = subprocess.run(command, cwd=tmp, capture_output=True,
+                              text=True, timeout=120, check=False)
+    self.assertEqual(ran.returncode, 0, ran.stderr)
+    self.assertRegex(ran.stdout.splitlines()[-1], r"^wps: \d+$")
+    self.assertNotIn("Traceback", ran.stderr)
+    self.assertEqual(edited.returncode, 2, edited.stderr)
+    self.assertRegex(edited.stderr.splitlines()[-1],
+                     r"^torch_peer\.py: error: .*hidden_size")
+
+  def testTheConfigsFromTheSourceAreThePorts(self):
+    read = config_lib.configs_from_source(os.path.join(HERE, "ptb_word_lm.py"))
+    self.assertEqual(list(read), list(ptb_word_lm.CONFIGS))
+    for name, cls in read.items():
+      self.assertEqual(config_lib.config_fields(cls()),
+                       config_lib.config_fields(ptb_word_lm.CONFIGS[name]()))
 
 
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)

@@ -1,5 +1,6 @@
 """The rnn modes, --config_overrides and the checks of a config's values."""
 
+import ast
 import numbers
 
 from absl import logging
@@ -220,3 +221,34 @@ def check_absl_flags(flag_values, ranges):
   """
   check_flag_ranges({name: flag_values[name].value for name in ranges},
                     ranges)
+
+
+def epoch_learning_rate(config, epoch):
+  """The learning rate of epoch `epoch` (from 0): decayed after max_epoch."""
+  return config.learning_rate * config.lr_decay ** max(
+      epoch + 1 - config.max_epoch, 0.0)
+
+
+def configs_from_source(path):
+  """The config classes of the script `path`, read without running it.
+
+  A program that must not import the script (torch_peer.py: ptb_word_lm.py
+  imports TensorFlow) takes its configs from the source, as the user edited
+  them in place: the `CONFIGS` table and the classes it names, executed
+  with the rnn_mode names.
+
+  Returns:
+    {model name: config class}.
+  """
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  table = next(node for node in tree.body if isinstance(node, ast.Assign)
+               and [t.id for t in node.targets
+                    if isinstance(t, ast.Name)] == ["CONFIGS"])
+  names = {n.id for n in ast.walk(table.value) if isinstance(n, ast.Name)}
+  classes = [node for node in tree.body
+             if isinstance(node, ast.ClassDef) and node.name in names]
+  namespace = {"AUTO": AUTO, "BASIC": BASIC, "BLOCK": BLOCK, "CUDNN": CUDNN}
+  module = ast.Module(body=classes + [table], type_ignores=[])
+  exec(compile(module, path, "exec"), namespace)  # pylint: disable=exec-used
+  return namespace["CONFIGS"]

@@ -60,12 +60,6 @@ def find_resume(save_path, record, cluster):
   return resume_lib.find(save_path, record, restart_epoch=cluster is not None)
 
 
-def epoch_learning_rate(config, epoch):
-  """The learning rate of epoch `epoch` (from 0): decayed after max_epoch."""
-  return config.learning_rate * config.lr_decay ** max(
-      epoch + 1 - config.max_epoch, 0.0)
-
-
 @contextlib.contextmanager
 def memory_log(path, interval, devices, save_path=None):
   """Samples the memory into the CSV `path` while the block runs.
