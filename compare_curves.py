@@ -1,13 +1,13 @@
 """Learning curves of ptb_word_lm.py and a peer implementation, side by side.
 
-Runs ptb_word_lm.py, then the peer (../shared/bench/torch_peer.py, the same
-model in PyTorch: torch is not a requirement of this project), on the same
-config and data, one after the other, and prints their perplexities and
-ratios, per epoch (--epochs=N) or at the progress lines of the first part
-of epoch 1 (--fraction=F: both stop once they have printed the line at F):
+Runs ptb_word_lm.py, then the peer (by default torch_peer.py, beside this
+script: the same model in PyTorch, and torch is not a requirement of this
+project; --peer names another), on the same config and data, one after the
+other, and prints their perplexities and ratios, per epoch (--epochs=N) or
+at the progress lines of the first part of epoch 1 (--fraction=F: both stop
+once they have printed the line at F):
 
-  python compare_curves.py --model=medium --epochs=2 \\
-      --peer=../shared/bench/torch_peer.py --peer_python=python3
+  python compare_curves.py --model=medium --epochs=2 --peer_python=python3
 
 The random draws differ between the two, so the peer's curve is a
 reference, not an exact target: the ratios show whether this port learns
@@ -32,6 +32,8 @@ from ptb import data as data_lib
 from ptb import errors
 from ptb.errors import UserError
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
 flags.DEFINE_string("data_path", None,
                     "PTB directory; unset, found as ptb_word_lm.py finds it.")
 flags.DEFINE_string("model", "medium", "small, medium or large.")
@@ -40,14 +42,16 @@ flags.DEFINE_float("fraction", 0.0,
                    "Instead of --epochs: compare the progress lines of epoch "
                    "1 up to this fraction of it.")
 flags.DEFINE_integer("seed", 1, "Seed of both runs.")
-flags.DEFINE_string("peer", "../shared/bench/torch_peer.py",
-                    "The peer's script.")
+# The project's own peer is the default, found beside this script from any
+# working directory.
+flags.DEFINE_string("peer", os.path.join(_HERE, "torch_peer.py"),
+                    "The peer's script; by default this project's "
+                    "torch_peer.py.")
 flags.DEFINE_string("peer_python", "python3",
                     "The interpreter that has the peer's framework.")
 FLAGS = flags.FLAGS
 
-_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                       "ptb_word_lm.py")
+_SCRIPT = os.path.join(_HERE, "ptb_word_lm.py")
 _PROGRESS = re.compile(r"^(\d+\.\d{3}) perplexity: (\S+) speed: (\d+) wps$")
 _EPOCH = re.compile(r"^Epoch: (\d+) (Train|Valid) Perplexity: (\S+)$")
 # The numeric flags' ranges (see config.FLAG_RANGES). The seed is the

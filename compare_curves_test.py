@@ -1,5 +1,6 @@
 """Tests of compare_curves.py, with a stand-in peer that prints fixed lines."""
 
+import functools
 import gzip
 import os
 import subprocess
@@ -76,6 +77,23 @@ class CompareCurvesTest(tf.test.TestCase):
       self.assertAlmostEqual(peer, 1000.0 / (k + 1), places=3)
       self.assertAlmostEqual(ratio, ours / peer, places=3)
     self.assertNotIn("Test Perplexity", proc.stdout)
+
+  def testThePeerIsThisProjectsTorchPeerByDefault(self):
+    # Found beside the script from any working directory: from a temporary
+    # one, the check of the default peer passes, and the next one (the
+    # interpreter's) refuses.
+    with tempfile.TemporaryDirectory() as tmp:
+      run = functools.partial(subprocess.run, capture_output=True, text=True,
+                              timeout=600, cwd=tmp)
+      helped = run([sys.executable, SCRIPT, "--help"])
+      refused = run([sys.executable, SCRIPT, "--epochs=1",
+                     "--peer_python=no-such-python"])
+    default = "(default: '%s')" % os.path.join(testing.HERE, "torch_peer.py")
+    # absl wraps the help's lines, and may break a long path anywhere.
+    self.assertIn("".join(default.split()), "".join(helped.stdout.split()))
+    self.assertEqual(refused.returncode, 1, refused.stderr)
+    self.assertIn("--peer_python=no-such-python: no such program",
+                  refused.stderr)
 
   def testBadFlagsAndInputsEndInOneLineBeforeAnythingRuns(self):
     # Each case is a process: this script's flags (--data_path, --model,

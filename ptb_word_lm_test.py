@@ -260,7 +260,11 @@ class StructuredCorpusTest(tf.test.TestCase):
 
 
 def reference_cost(weights, rows, masks=None):
-  """The model's cost in numpy from zero state: SPEC cell, dropout masks.
+  """The model's cost in numpy from zero state, dropout masks applied.
+
+  The network as docs/model.md describes it: reference_lstm's cell, the
+  masks on the inputs and on every layer's output, the softmax, and the
+  batch-averaged cross-entropy summed over the steps.
 
   Args:
     weights: the trainable variables' values (embedding, a kernel and a
@@ -336,7 +340,7 @@ class DropoutTest(tf.test.TestCase):
         for b in range(a):
           self.assertFalse(np.array_equal(all_masks[a], all_masks[b]))
       self.assertFalse(np.array_equal(drawn["input"], again["input"]))
-      # The cost is that of the SPEC's model with these masks applied.
+      # The cost is that of the model of docs/model.md with these masks.
       self.assertAllClose(cost, reference_cost(weights, rows, drawn),
                           rtol=1e-5, msg=mode)
       self.assertNotAllClose(cost, reference_cost(weights, rows), rtol=1e-3)
@@ -399,7 +403,8 @@ class DropoutTest(tf.test.TestCase):
     self.assertNotAllClose(train_cost, costs[0], rtol=1e-3)
 
 
-# Lines of the SPEC's output formats.
+# The formats of the output's lines: the original's (README), and the
+# Peak RSS line that this port adds.
 LINE_FORMATS = [
     r"Epoch: \d+ Learning rate: \d+\.\d{3}",
     r"\d+\.\d{3} perplexity: \d+\.\d{3} speed: \d+ wps",
@@ -412,7 +417,7 @@ LINE_FORMATS = [
 
 
 def _tutorial_training(weights, rows, config, num_calls):
-  """The tutorial's training steps, written afresh from the SPEC.
+  """The tutorial's training steps, written afresh from docs/model.md.
 
   Plain TensorFlow ops and their automatic gradients, the state fed between
   steps, and the tutorial's update: tf.clip_by_global_norm of tf.gradients
@@ -554,7 +559,7 @@ class TrainingTrajectoryTest(tf.test.TestCase):
 class RunTest(tf.test.TestCase):
   """main's runs in this process: what they print, save, restore and score."""
 
-  def testTestModelOnGeneratedCorpusPrintsSpecLines(self):
+  def testTestModelOnGeneratedCorpusPrintsTheDocumentedLines(self):
     with tempfile.TemporaryDirectory() as tmp:
       data = os.path.join(tmp, "data")
       os.mkdir(data)
@@ -567,7 +572,7 @@ class RunTest(tf.test.TestCase):
       lines = out.splitlines()
       for line in lines:
         self.assertTrue(any(re.fullmatch(f, line) for f in LINE_FORMATS),
-                        "line does not match the SPEC formats: %r" % line)
+                        "line of no format of LINE_FORMATS: %r" % line)
       self.assertEqual(lines[0], "Epoch: 1 Learning rate: 1.000")
       self.assertRegex(lines[-3], r"Test Perplexity: ")
       self.assertRegex(lines[-2], r"Peak RSS: ")
@@ -1039,7 +1044,35 @@ class ConfigTest(tf.test.TestCase):
         self._resolved(overrides, **edits)
       self.assertEqual(e.exception.exit_code, 2)
 
-  def testSpecValues(self):
+  def testEveryFieldHasAKind(self):
+    # The checks read config.FIELDS alone: it must name every field of
+    # every class, and no other, each with one of the kinds.
+    for config in list(ptb_word_lm.CONFIGS.values()) + [TinyConfig]:
+      self.assertCountEqual(config_lib.config_fields(config),
+                            config_lib.FIELDS, msg=config.__name__)
+    self.assertContainsSubset({kind for kind, _ in config_lib.FIELDS.values()},
+                              config_lib.KINDS)
+
+  def testAFieldWithoutAKindIsRefused(self):
+    # As a field appended to a class, but not to config.FIELDS, would be;
+    # through an override of another field too.
+    kinds = (r"^config field dropout_seed of TestConfig has no kind: add it "
+             r"to FIELDS in ptb/config\.py as a size, count, rate, "
+             r"probability or mode$")
+    with mock.patch.object(ptb_word_lm.TestConfig, "dropout_seed", 7,
+                           create=True):
+      for overrides in (None, "max_epoch=1"):
+        with self.assertRaisesRegex(UserError, kinds) as e:
+          self._resolved(overrides)
+        self.assertEqual(e.exception.exit_code, 2)
+    # And a field of config.FIELDS that a class lacks.
+    fields = config_lib.config_fields(ptb_word_lm.TestConfig)
+    del fields["vocab_size"]
+    with self.assertRaisesRegex(UserError, r"^config Unfinished has no "
+                                r"field vocab_size$"):
+      config_lib.validate_config(type("Unfinished", (), fields)())
+
+  def testTheTutorialsValues(self):
     expected = {
         "small": (0.1, 5, 2, 20, 200, 4, 13, 1.0, 0.5),
         "medium": (0.05, 5, 2, 35, 650, 6, 39, 0.5, 0.8),
@@ -1052,8 +1085,8 @@ class ConfigTest(tf.test.TestCase):
     for name, values in expected.items():
       config = ptb_word_lm.get_config(name)
       self.assertEqual(tuple(getattr(config, f) for f in fields), values)
-      # The SPEC's BLOCK is what AUTO runs on GPUs; on the CPU it runs
-      # BASIC, this port's fastest mode there.
+      # The tutorial's classes ran BLOCK, which AUTO runs on GPUs; on the
+      # CPU it runs BASIC, this port's fastest mode there (README, Configs).
       self.assertEqual((config.learning_rate, config.batch_size,
                         config.vocab_size, config.rnn_mode),
                        (1.0, 20, 10000, ptb_word_lm.AUTO))

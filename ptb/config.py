@@ -2,9 +2,9 @@
 
 import ast
 import numbers
+import sys
 
 from absl import logging
-import numpy as np
 
 from ptb.errors import UserError
 
@@ -32,8 +32,11 @@ def config_fields(config):
 
 
 def apply_overrides(config, overrides):
-  """Applies "field=value,..." to `config`; returns the fields it set."""
-  fields = config_fields(config)
+  """Applies "field=value,..." to `config`; returns the fields it set.
+
+  Each value is read as its field's kind (FIELDS) takes it.
+  """
+  fields = declared_fields(config)
   changed = {}
   for item in filter(None, (s.strip() for s in overrides.split(","))):
     name, sep, text = item.partition("=")
@@ -41,8 +44,8 @@ def apply_overrides(config, overrides):
     if not sep or name not in fields:
       raise UserError("--config_overrides: unknown field %r in %r; fields are "
                       "%s" % (name, item, ", ".join(fields)), exit_code=2)
-    if name == "rnn_mode":
-      value = parse_rnn_mode(text, "--config_overrides rnn_mode")
+    if FIELDS[name][0] == MODE:
+      value = parse_rnn_mode(text, "--config_overrides " + name)
     else:
       value = field_value(name, _number(text),
                           "--config_overrides: %s=%s" % (name, text))
@@ -61,25 +64,81 @@ def _number(text):
   return text
 
 
-# Upper bounds that no machine of today trains within a lifetime: a value
-# above them is a typo (an extra zero or two), not a benchmark.
-_MAX_INTS = {"num_layers": 1000, "num_steps": 100000, "hidden_size": 100000,
-             "max_epoch": 1000000, "max_max_epoch": 1000000,
-             "batch_size": 1000000, "vocab_size": 100000000}
+# The kinds of config field. A field's kind says what it takes, from an
+# override and from a class edited in place alike.
+SIZE = "size"  # of the model or of a batch: a whole number, at least 1
+COUNT = "count"  # of epochs: a whole number, at least 1
+RATE = "rate"  # a rate, norm, scale or decay: a positive finite number
+PROBABILITY = "probability"  # a number in (0, 1]
+MODE = "mode"  # an rnn mode or AUTO, in any case (parse_rnn_mode)
+KINDS = (SIZE, COUNT, RATE, PROBABILITY, MODE)
+# The kinds that take whole numbers; the other numbers are kept as floats,
+# so that `keep_prob = 1` in a class means what `keep_prob = 1.0` means.
+WHOLE_KINDS = (SIZE, COUNT)
 
-# Sizes and counts: whole numbers.
-INT_FIELDS = tuple(_MAX_INTS)
-# Rates, norms, scales and probabilities: any number, kept as a float, so
-# that `keep_prob = 1` in a class means what `keep_prob = 1.0` means.
-FLOAT_FIELDS = ("init_scale", "learning_rate", "max_grad_norm", "lr_decay",
-                "keep_prob")
+# Every config field: its kind and, for a size or a count, a bound that no
+# machine of today trains within a lifetime (a value above it is a typo, an
+# extra zero or two, not a benchmark). The checks read this table alone,
+# and a config with a field that is not here is refused: a new field must
+# say what it takes.
+FIELDS = {
+    "init_scale": (RATE, None),
+    "learning_rate": (RATE, None),
+    "max_grad_norm": (RATE, None),
+    "num_layers": (SIZE, 1000),
+    "num_steps": (SIZE, 100000),
+    "hidden_size": (SIZE, 100000),
+    "max_epoch": (COUNT, 1000000),
+    "max_max_epoch": (COUNT, 1000000),
+    "keep_prob": (PROBABILITY, None),
+    "lr_decay": (RATE, None),
+    "batch_size": (SIZE, 1000000),
+    "vocab_size": (SIZE, 100000000),
+    "rnn_mode": (MODE, None),
+}
+
+# The valid values of each number kind, as FLAG_RANGES writes a flag's: the
+# lowest, whether it is valid itself, and the highest, which a size or a
+# count takes from its field. A rate stops at the largest finite float:
+# an infinite one trains nothing (and NaN falls below every lowest).
+_KIND_RANGES = {SIZE: (1, True), COUNT: (1, True),
+                RATE: (0, False, sys.float_info.max),
+                PROBABILITY: (0, False, 1)}
+# What an error says a value of each number kind must be.
+_MUST_BE = {SIZE: "a positive integer", COUNT: "a positive integer",
+            RATE: "a positive number", PROBABILITY: "in (0, 1]"}
+
+
+def declared_fields(config):
+  """config_fields(config), refused unless its fields are those of FIELDS.
+
+  Args:
+    config: a config instance.
+
+  Raises:
+    UserError: a field without a kind (one just added to a class, say), or
+      a field of FIELDS that the config lacks.
+  """
+  fields = config_fields(config)
+  for name in fields:
+    if name not in FIELDS:
+      raise UserError(
+          "config field %s of %s has no kind: add it to FIELDS in "
+          "ptb/config.py as a %s or %s" % (name, type(config).__name__,
+                                           ", ".join(KINDS[:-1]), KINDS[-1]),
+          exit_code=2)
+  for name in FIELDS:
+    if name not in fields:
+      raise UserError("config %s has no field %s"
+                      % (type(config).__name__, name), exit_code=2)
+  return fields
 
 
 def field_value(name, value, shown):
-  """`value` as field `name` takes it: an int or a float by its meaning.
+  """`value` as number field `name` takes it: an int or a float by its kind.
 
   Args:
-    name: the config field.
+    name: a config field of a number kind (FIELDS).
     value: a number from an override or a class (any other type is refused).
     shown: the field and value as the error message names them, with where
       they come from.
@@ -89,14 +148,32 @@ def field_value(name, value, shown):
       norm, scale or probability that is not a number.
   """
   number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-  if name in INT_FIELDS:
+  if FIELDS[name][0] in WHOLE_KINDS:
     if not (number and isinstance(value, numbers.Integral)):
       raise UserError("%s must be a whole number (a size or a count)"
                       % shown, exit_code=2)
     return int(value)
   if not number:
     raise UserError("%s must be a number" % shown, exit_code=2)
-  return float(value) if name in FLOAT_FIELDS else value
+  return float(value)
+
+
+def check_field_range(name, value):
+  """Refuses `value` of number field `name` outside its kind's range.
+
+  Args:
+    name: a config field of a number kind (FIELDS).
+    value: its value, as field_value returns it.
+  """
+  kind, highest = FIELDS[name]
+  valid = _KIND_RANGES[kind] + ((highest,) if highest else ())
+  beyond = out_of_range(value, valid)
+  if beyond == "high" and kind in WHOLE_KINDS:
+    raise UserError("config %s=%r is absurdly large (more than %d)"
+                    % (name, value, highest), exit_code=2)
+  if beyond:
+    raise UserError("config %s=%r must be %s" % (name, value, _MUST_BE[kind]),
+                    exit_code=2)
 
 
 def new_config(configs, model, rnn_mode=None):
@@ -121,29 +198,21 @@ def new_config(configs, model, rnn_mode=None):
 def validate_config(config):
   """Refuses values that cannot train, with the field named.
 
-  A class edited in place is held to the kinds of field_value: its sizes
-  and counts must be whole numbers, and its other numbers become floats.
+  A class edited in place is held to its fields' kinds (FIELDS) as an
+  override is: its sizes and counts must be whole numbers, its other
+  numbers become floats, each number must lie in its kind's range, and
+  its mode becomes the lower-case name of one.
+
+  Raises:
+    UserError: a field without a kind, or a value that its kind refuses.
   """
-  for name in INT_FIELDS + FLOAT_FIELDS:
-    value = getattr(config, name)
-    setattr(config, name,
-            field_value(name, value, "config %s=%r" % (name, value)))
-  for name, limit in _MAX_INTS.items():
-    value = getattr(config, name)
-    if value <= 0:
-      raise UserError("config %s=%r must be a positive integer"
-                      % (name, value), exit_code=2)
-    if value > limit:
-      raise UserError("config %s=%d is absurdly large (more than %d)"
-                      % (name, value, limit), exit_code=2)
-  for name in FLOAT_FIELDS[:-1]:  # all but keep_prob
-    value = getattr(config, name)
-    if not value > 0 or not np.isfinite(value):
-      raise UserError("config %s=%r must be a positive number"
-                      % (name, value), exit_code=2)
-  if not 0 < config.keep_prob <= 1:
-    raise UserError("config keep_prob=%r must be in (0, 1]" % config.keep_prob,
-                    exit_code=2)
+  for name, value in declared_fields(config).items():
+    if FIELDS[name][0] == MODE:
+      value = parse_rnn_mode(value, "config " + name)
+    else:
+      value = field_value(name, value, "config %s=%r" % (name, value))
+      check_field_range(name, value)
+    setattr(config, name, value)
 
 
 def resolve_config(config, num_gpus, overrides, announce=True):
@@ -165,7 +234,7 @@ def resolve_config(config, num_gpus, overrides, announce=True):
       print("Config overrides: %s" % ", ".join("%s=%s" % kv
                                                for kv in changed.items()))
   validate_config(config)
-  mode = parse_rnn_mode(config.rnn_mode, "config rnn_mode")
+  mode = config.rnn_mode  # validated: a mode's name, in lower case
   config.rnn_mode = auto_rnn_mode(num_gpus) if mode == AUTO else mode
   if announce:
     logging.info("rnn_mode: %s%s", config.rnn_mode.upper(),
@@ -188,6 +257,25 @@ FLAG_RANGES = {"num_gpus": (0, True), "cpu_towers": (1, True),
                "task_index": (0, True), "cluster_timeout": (0, False)}
 
 
+def out_of_range(value, valid):
+  """Which end of the range `valid` the number `value` lies beyond.
+
+  Args:
+    value: a number.
+    valid: (low, whether low is allowed[, high]), as FLAG_RANGES has them.
+
+  Returns:
+    "low", "high", or None where `value` lies in the range.
+  """
+  low, inclusive, *high = valid
+  # Written so that NaN, which no comparison holds for, lies below.
+  if not (value >= low if inclusive else value > low):
+    return "low"
+  if high and not value <= high[0]:
+    return "high"
+  return None
+
+
 def check_flag_ranges(values, ranges=None):
   """Refuses a numeric flag outside its range, with its name.
 
@@ -200,14 +288,14 @@ def check_flag_ranges(values, ranges=None):
   for name, value in values.items():
     if value is None:  # unset, e.g. --seed
       continue
-    low, inclusive, *high = (ranges or FLAG_RANGES)[name]
-    # Written so that NaN, which no comparison holds for, is refused.
-    if not (value >= low if inclusive else value > low):
+    low, inclusive, *high = valid = (ranges or FLAG_RANGES)[name]
+    beyond = out_of_range(value, valid)
+    if beyond == "low":
       bound = (("0 or more" if inclusive else "positive") if low == 0 else
                ("at least %s" if inclusive else "more than %s") % low)
       raise UserError("--%s=%s must be %s" % (name, value, bound),
                       exit_code=2)
-    if high and not value <= high[0]:
+    if beyond == "high":
       raise UserError("--%s=%s must be at most %s" % (name, value, high[0]),
                       exit_code=2)
 

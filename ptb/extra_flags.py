@@ -18,8 +18,9 @@ flags.DEFINE_integer("inter_op_threads", 0,
                      "Ops run in parallel; 0 lets TensorFlow choose.")
 flags.DEFINE_integer(
     "eval_unroll", 20,
-    "Time steps per session call of validation and test (an in-graph unroll "
-    "of consecutive windows; the same perplexities as one window a call).")
+    "About this many time steps per session call of validation and test: "
+    "max(1, eval_unroll // num_steps) consecutive windows, unrolled in the "
+    "graph (the same perplexities as one window a call).")
 flags.DEFINE_integer(
     "seed", None,
     "Graph-level random seed, for reproducible initialisation and dropout; "

@@ -18,6 +18,11 @@ ApplyOuterProduct updates a weight by a gradient of few rows, x^T @ g,
 without forming it: one pass over the weight, the product summed in
 registers (low_rank_update.py says when).
 
+LstmCell (`lstm_cell`) is the LSTM cell's elementwise part in one op: from
+the gates' pre-activations and the previous cell state, BlockLSTM's seven
+outputs of a step, each row in one pass. lstm.py runs it as BLOCK's cell on
+the CPU, after BASIC's products.
+
 FmaPeak and StreamTriad measure the machine rather than computing the
 model: independent FMA chains in registers on every thread, the float32
 peak, and STREAM's triad over arrays far larger than the caches, the

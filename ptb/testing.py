@@ -143,7 +143,7 @@ class TinyConfig(object):
 
 
 def reference_lstm(x, c, h, kernel, bias):
-  """The LSTM in numpy, straight from the SPEC: gates (i, j, f, o)."""
+  """The LSTM in numpy, as docs/model.md describes it: gates (i, j, f, o)."""
   sigmoid = lambda v: 1 / (1 + np.exp(-v))
   outputs = []
   for x_t in x:
