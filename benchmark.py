@@ -33,10 +33,12 @@ import time
 
 from ptb import monitor
 from ptb import onednn
+from ptb import startup_log
 if __name__ == "__main__":
   # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN.
   monitor.reduce_memory_footprint()
   onednn.enable()
+  startup_log.import_tensorflow()  # its C++ start-up lines held to the level
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 import tensorflow as tf

@@ -47,10 +47,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from ptb import monitor  # pylint: disable=g-bad-import-order
 from ptb import onednn  # pylint: disable=g-bad-import-order
+from ptb import startup_log  # pylint: disable=g-bad-import-order
 if __name__ == "__main__":
   # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN.
   monitor.reduce_memory_footprint()
   onednn.enable()
+  startup_log.import_tensorflow()  # its C++ start-up lines held to the level
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 import numpy as np
