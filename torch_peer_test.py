@@ -209,12 +209,22 @@ class SameModelAsThePortTest(OneThreadTestCase):
     self.assertLess(norms[0], config.max_grad_norm)
     self.assertGreater(min(norms[1:]), config.max_grad_norm)
 
-  def testBiasHhIsZeroAndFrozen(self):
-    peer = torch_peer.PTBModel(TinyConfig())
-    for k in range(TinyConfig.num_layers):
-      bias_hh = getattr(peer.lstm, "bias_hh_l%d" % k)
-      self.assertFalse(bias_hh.requires_grad)
-      self.assertEqual(float(bias_hh.abs().max()), 0.0)
+  def testStartsAsThePortsBasicAndBlock(self):
+    """LSTM biases zero (bias_hh also frozen), the rest uniform in
+    ±init_scale, as ptb/params.py starts BASIC and BLOCK."""
+    config = TinyConfig()
+    config.hidden_size, config.vocab_size = 64, 100
+    scale = config.init_scale
+    peer = torch_peer.PTBModel(config)
+    for name, p in peer.named_parameters():
+      value = p.detach().numpy()
+      if name.startswith("lstm.bias_"):
+        self.assertEqual(float(np.abs(value).max()), 0.0, name)
+        self.assertEqual(p.requires_grad, name.startswith("lstm.bias_ih"))
+      else:
+        self.assertLessEqual(np.abs(value).max(), scale, name)
+        self.assertAllClose(np.abs(value).mean(), scale / 2, rtol=0.25,
+                            msg=name)
 
 
 @unittest.skipUnless(HAVE_TORCH, NO_TORCH)
