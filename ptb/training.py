@@ -89,16 +89,21 @@ def placement(cluster):
 
 def open_session(graph, devices, intra_op_threads, inter_op_threads,
                  cluster=None, cluster_timeout=None):
-  """A session of `graph`; a worker's once the cluster's ps tasks are up."""
+  """A session of `graph`, to use in a `with`; a worker's once the ps are up.
+
+  A worker's session closes without waiting for a lost task, and a call
+  that fails outside summarize_failures (at the start, or the last call)
+  ends the run with the same line (cluster_lib.worker_session).
+  """
   config = devices_lib.session_config(devices, intra_op_threads,
                                       inter_op_threads)
   if not cluster:
     return tf.compat.v1.Session(graph=graph, config=config)
   server = cluster_lib.start_server(cluster)
   cluster_lib.wait_for(cluster.ps_hosts, "ps", cluster_timeout)
-  return tf.compat.v1.Session(
-      server.target, graph=graph,
-      config=cluster_lib.session_config(cluster, config, cluster_timeout))
+  config = cluster_lib.session_config(cluster, config, cluster_timeout)
+  return cluster_lib.worker_session(server, cluster, config, graph,
+                                    cluster_timeout)
 
 
 class Checkpoints(object):
@@ -390,7 +395,8 @@ def summarize_failures(summary, where, cluster=None, cluster_timeout=None):
 
   A Stop (an error, an interrupt) is recorded as "failed" or "interrupted".
   In a cluster, a failed session call means that another task stopped or
-  hung: it becomes a UserError that says where (`where`, a watch.Where).
+  hung: it becomes cluster_lib.lost's UserError, which says where (`where`,
+  a watch.Where) and names the task lost.
   """
   try:
     yield
@@ -401,13 +407,9 @@ def summarize_failures(summary, where, cluster=None, cluster_timeout=None):
     if not cluster:
       raise
     summary.publish("failed")
-    raise UserError(
-        "worker %d lost the cluster in the %s pass of epoch %d (%s: %s); "
-        "a ps or worker task stopped, or made no progress within "
-        "--cluster_timeout=%.0f s"
-        % (cluster.task_index, where.phase, where.epoch, type(e).__name__,
-           e.message.splitlines()[0] if e.message else "",
-           cluster_timeout)) from None
+    raise cluster_lib.lost(
+        cluster, e, cluster_timeout,
+        " in the %s pass of epoch %d" % (where.phase, where.epoch)) from None
 
 
 def print_peak_memory(devices):
