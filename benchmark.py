@@ -8,11 +8,10 @@ reaches in this process (the better of two measurements, just before and
 just after the combination's steps), their ratio (model FLOP utilisation),
 the CPU's float32 FMA peak measured in-process in the kernels' vector width
 (isa=avx512 or avx2; likewise before and after) and the model's GFLOP/s as
-a fraction of it, peak RSS, whether the per-step recurrent products ran on
-this project's vector kernels (recurrent=kernels) or on tf.matmul
-(recurrent=matmul), whether the softmax layer ran on its kernel
-(softmax=kernel) or on TensorFlow's softmax (softmax=ops; ptb/kernels.py),
-whether TensorFlow's matmuls ran on oneDNN (matmul=onednn) or on Eigen
+a fraction of it, peak RSS, the plan that the training step was built
+from (ptb/plan.py: the kernels' width, each layer's path, the recurrent
+products, the softmax loss, the updates and the swapped products), whether
+TensorFlow's matmuls ran on oneDNN (matmul=onednn) or on Eigen
 (matmul=eigen; ptb/onednn.py), and the roofline: the memory bandwidth
 measured in-process (a triad on the session's threads, arrays far larger
 than the last-level cache; after the combination's steps), the bytes a
@@ -49,6 +48,7 @@ from ptb import devices as devices_lib
 from ptb import errors
 from ptb import kernels
 from ptb import outputs
+from ptb import plan as plan_lib
 from ptb.errors import UserError
 import ptb_word_lm
 import reader
@@ -123,7 +123,7 @@ def _measuring_library():
   None without a vector width or a compiler, or if the build fails: the
   measurements are then reported as unknown.
   """
-  if kernels.kernel_isa()[0] is None or not kernels.compiler_found():
+  if plan_lib.kernel_width()[0] is None or not kernels.compiler_found():
     return None
   try:
     return kernels.load_library()
@@ -219,17 +219,15 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
       ptb_word_lm.get_config(model_name, rnn_mode), FLAGS.num_gpus,
       FLAGS.config_overrides)
   devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode, FLAGS.cpu_towers)
+  # What the training step runs (figures of machines compare only like
+  # with like): the plan it is built from.
+  plan = plan_lib.make(config, devices, ptb_word_lm.data_type(FLAGS.use_fp16),
+                       plan_lib.offered())
   with tf.Graph().as_default():
     if FLAGS.seed is not None:
       tf.compat.v1.set_random_seed(FLAGS.seed)
     model = ptb_word_lm.build_model("Train", True, config, train_data, devices,
-                                    FLAGS.use_fp16)
-    # Whether the model runs on the kernels' ops: figures of machines
-    # compare only like with like.
-    types = {op.type
-             for op in tf.compat.v1.get_default_graph().get_operations()}
-    recurrent = "kernels" if "PanelMatMul" in types else "matmul"
-    softmax = "kernel" if "SoftmaxCrossEntropy" in types else "ops"
+                                    FLAGS.use_fp16, plan=plan.train)
     with tf.compat.v1.Session(config=session_config) as session:
       session.run([tf.compat.v1.global_variables_initializer(),
                    tf.compat.v1.local_variables_initializer()])
@@ -257,8 +255,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
-          "gflops": wps * flops / 1e9, "recurrent": recurrent,
-          "softmax": softmax,
+          "gflops": wps * flops / 1e9, "plan": dict(plan_lib.fields(plan)),
           "matmul": onednn.matmul_library()}, config
 
 
@@ -399,7 +396,7 @@ def main(_):
                ceiling_trials_gflops=[limits[0], after[0]],
                mfu=r["gflops"] / ceiling, fma_peak_gflops=peak,
                peak_fraction=r["gflops"] / peak if peak else None,
-               kernel_isa=kernels.kernel_isa()[0])
+               kernel_isa=plan_lib.kernel_width()[0])
       r.update(roofline(r, config, peak, bandwidth))
       limits = after
       results.append(r)
@@ -409,8 +406,9 @@ def main(_):
             "mfu=%(mfu).3f %(peak)s %(roofline)s "
             "peak_rss_mib=%(peak_rss_mib).0f "
             "page_faults_per_step=%(page_faults_per_step).0f "
-            "recurrent=%(recurrent)s softmax=%(softmax)s matmul=%(matmul)s" %
-            dict(r, peak=_peak_text(r), roofline=_roofline_text(r)),
+            "%(plan)s matmul=%(matmul)s" %
+            dict(r, peak=_peak_text(r), roofline=_roofline_text(r),
+                 plan=" ".join("%s=%s" % kv for kv in r["plan"].items())),
             flush=True)
   if FLAGS.output_json:
     write_report(FLAGS.output_json,

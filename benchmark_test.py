@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from ptb import errors
 from ptb import kernels
+from ptb import plan as plan_lib
 from ptb import testing
 import benchmark
 import ptb_word_lm
@@ -25,7 +26,7 @@ from ptb_word_lm_testing import run_in_process
 
 def _kernels_buildable():
   """Whether a benchmark.py process can build and use lstm_kernels here."""
-  return kernels.kernel_isa()[0] is not None and kernels.compiler_found()
+  return plan_lib.kernel_width()[0] is not None and kernels.compiler_found()
 
 
 def _softmax_path():
@@ -38,7 +39,7 @@ def _peak_fields():
   if not _kernels_buildable():
     return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
   return (r"fma_peak_gflops=\S+ peak_fraction=\S+ isa=%s"
-          % kernels.kernel_isa()[0])
+          % plan_lib.kernel_width()[0])
 
 
 def _roofline_fields():
@@ -110,7 +111,7 @@ class BenchmarkTest(tf.test.TestCase):
       self.assertIsNone(benchmark.llc_bytes(os.path.join(tmp, "none")))
 
   def testMemoryBandwidthOrNone(self):
-    with mock.patch.object(kernels, "kernel_isa",
+    with mock.patch.object(plan_lib, "kernel_width",
                            return_value=(None, "no width")):
       self.assertIsNone(benchmark.memory_bandwidth(None))
     if _kernels_buildable():
@@ -120,7 +121,7 @@ class BenchmarkTest(tf.test.TestCase):
           0.5)
 
   def testFmaPeakInTheKernelsWidthOrNone(self):
-    with mock.patch.object(kernels, "kernel_isa",
+    with mock.patch.object(plan_lib, "kernel_width",
                            return_value=(None, "no width")):
       self.assertIsNone(benchmark.fma_peak(None))
     if _kernels_buildable():
@@ -187,8 +188,9 @@ class InProcessBenchmarkTest(tf.test.TestCase):
       self.assertRegex(row, r"^model=test rnn_mode=%s wps=\d+ "
                        r"train_flops_per_word=\S+ gflops=\S+ "
                        r"ceiling_gflops=\S+ mfu=\S+ %s %s peak_rss_mib=\d+ "
-                       r"page_faults_per_step=\d+ recurrent=\S+ softmax=%s "
-                       r"matmul=onednn$"
+                       r"page_faults_per_step=\d+ kernels=\S+ lstm=\S+ "
+                       r"chunk=\S+ cell=\S+ recurrent=\S+ backward=\S+ "
+                       r"softmax=%s updates=\S+ swapped=\S+ matmul=onednn$"
                        % (mode, _peak_fields(), _roofline_fields(),
                           _softmax_path()))
     self.assertRegex(lines[-1], r"^wps: \d+$")
@@ -207,7 +209,7 @@ class InProcessBenchmarkTest(tf.test.TestCase):
       self.assertAllClose(r["gflops"],
                           r["wps"] * r["train_flops_per_word"] / 1e9)
       if _kernels_buildable():
-        self.assertEqual(r["kernel_isa"], kernels.kernel_isa()[0])
+        self.assertEqual(r["kernel_isa"], plan_lib.kernel_width()[0])
         self.assertGreater(r["fma_peak_gflops"], 1)
         self.assertAllClose(r["peak_fraction"],
                             r["gflops"] / r["fma_peak_gflops"])
@@ -221,14 +223,15 @@ class InProcessBenchmarkTest(tf.test.TestCase):
         self.assertIsNone(r["peak_fraction"])
         self.assertIsNone(r["bandwidth_gbs"])
 
-  def testReportsTheKernelsWhereTheModelUsesThem(self):
+  def testReportsThePlanOfTheTrainingStep(self):
+    # Hidden 512, batch 10, 8 steps: the recurrent kernels where they run.
     want = "kernels" if _kernels_buildable() else "matmul"
     rows = [l for l in self.out.splitlines() if l.startswith("model=")]
     self.assertLen(rows, 2)
-    for row in rows:
+    for row, r in zip(rows, self.report["results"]):
       self.assertIn(" recurrent=%s " % want, row)
-    self.assertEqual([r["recurrent"] for r in self.report["results"]],
-                     [want, want])
+      self.assertEqual(r["plan"]["recurrent"], want)
+      self.assertIn(" ".join("%s=%s" % kv for kv in r["plan"].items()), row)
 
 
 class CommandLineTest(tf.test.TestCase):

@@ -65,13 +65,14 @@ from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import errors
 from ptb import extra_flags
+from ptb import low_rank_update
 from ptb import lstm
 from ptb import outputs
+from ptb import plan as plan_lib
 from ptb import softmax
 from ptb import state as state_lib
 from ptb import summary as summary_lib
 from ptb import training
-from ptb import wavefront
 # The original's mode names, for the configs and the users of this module.
 from ptb.config import AUTO, BASIC, BLOCK, CUDNN
 from ptb.params import create_params
@@ -235,7 +236,7 @@ class PTBModel(object):
   """
 
   def __init__(self, is_training, config, input_, devices=("/cpu:0",),
-               use_fp16=False, replica=(0, 1), carry_state=True):
+               use_fp16=False, replica=(0, 1), carry_state=True, plan=None):
     """Builds the model.
 
     Args:
@@ -248,9 +249,16 @@ class PTBModel(object):
         (util.train_op).
       carry_state: each step starts from the previous step's final state;
         False starts every step from zeros (--train_from_zero_state).
+      plan: this model's part of the run's plan (a plan.Step: its LSTM
+        path, products, softmax loss and updates); None: the plan's
+        choices for this input, devices and dtype here.
     """
     self._input = input_
     dtype = data_type(use_fp16)
+    if plan is None:
+      plan = plan_lib.step(
+          config, input_.batch_size, input_.num_steps * input_.steps_per_call,
+          devices, dtype, plan_lib.offered(), is_training, replica[1])
 
     with tf.device(util.variable_device(devices)):
       params = create_params(config, dtype)
@@ -269,31 +277,40 @@ class PTBModel(object):
     costs, tower_grads, self._states = [], [], []
     for k, (device, seed, (x, y, w)) in enumerate(zip(devices, seeds, rows)):
       with tf.device(device), tf.name_scope("tower_%d" % k):
-        cost, state = self._build_tower(x, y, w, params, config, dtype, seed)
+        # The backward pass puts the gradients it gives as factors here.
+        factors = {} if plan.updates == plan_lib.FACTORS else None
+        cost, state = self._build_tower(x, y, w, params, config, dtype, seed,
+                                        plan, factors)
         costs.append(cost)
         self._states.append(state)
         if is_training:
-          tower_grads.append(tf.compat.v1.gradients(
-              cost, variables, colocate_gradients_with_ops=True))
+          tower_grads.append(low_rank_update.with_factors(
+              tf.compat.v1.gradients(cost, variables,
+                                     colocate_gradients_with_ops=True),
+              variables, factors))
     # The towers' average cost is the cost of one tower with all their rows.
     self._cost = costs[0] if len(costs) == 1 else tf.add_n(costs) / len(costs)
 
     if is_training:
       with tf.device(util.variable_device(devices)):
         self._train_op = util.train_op(tower_grads, variables, self._lr,
-                                       config.max_grad_norm, replica)
+                                       config.max_grad_norm, replica,
+                                       plan.isa)
     self._update_state, self._reset_state = state_lib.store_and_reset(
         self._states, [self._train_op if is_training else self._cost],
         carry_state)
 
   def _build_tower(self, input_data, targets, weights, params, config, dtype,
-                   seed):
+                   seed, plan, factors):
     """One tower's (cost, TowerState); cost sums the batch-averaged loss.
 
     Args:
       input_data, targets: int32 `[batch, steps]`.
       weights: float32 `[batch, steps]` or None (all ones).
       seed: int64 `[2]`, this tower's dropout seed, or None (no dropout).
+      plan: the model's plan.Step.
+      factors: None, or the dict in which the backward pass leaves the
+        gradients it gives as factors (low_rank_update.py).
     """
     batch_size = input_data.shape[0]
     size, num_layers = config.hidden_size, config.num_layers
@@ -311,14 +328,16 @@ class PTBModel(object):
     if masks:
       inputs *= masks["input"]
     inputs, final_state = lstm.lstm_stack(
-        config.rnn_mode, inputs, initial_state, params.kernels, params.biases,
-        masks.get("layers"), chunk=wavefront.wavefront_chunk(size))
+        plan.lstm, inputs, initial_state, params.kernels, params.biases,
+        masks.get("layers"), factors)
     if masks:
       inputs *= masks["output"]
 
     output = tf.reshape(inputs, [-1, size])
-    loss = softmax.softmax_loss(output, params.softmax_w, params.softmax_b,
-                                tf.reshape(tf.transpose(targets), [-1]))
+    loss = softmax.softmax_loss(plan.softmax, output, params.softmax_w,
+                                params.softmax_b,
+                                tf.reshape(tf.transpose(targets), [-1]),
+                                factors)
     if weights is not None:
       loss *= tf.reshape(tf.transpose(weights), [-1])
     cost = tf.reduce_sum(loss) / tf.cast(batch_size, tf.float32)
@@ -425,12 +444,12 @@ def get_config(model, rnn_mode=None):
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
                 steps_per_call=1, reuse=False, replica=(0, 1),
-                carry_state=True):
+                carry_state=True, plan=None):
   """One PTBInput and PTBModel under `name` ("Train", "Valid", ...).
 
   The first model creates the weights in variable scope "Model"
-  (reuse=False), the others share them; `replica` and `carry_state` as in
-  PTBModel.
+  (reuse=False), the others share them; `replica`, `carry_state` and
+  `plan` (a plan.Step) as in PTBModel.
   """
   initializer = tf.compat.v1.random_uniform_initializer(
       -config.init_scale, config.init_scale)
@@ -443,27 +462,34 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
       return PTBModel(is_training=is_training, config=config, input_=input_,
                       devices=devices, use_fp16=use_fp16,
                       replica=replica if is_training else (0, 1),
-                      carry_state=carry_state)
+                      carry_state=carry_state, plan=plan)
 
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
-                 replica=(0, 1), train_from_zero_state=False):
+                 replica=(0, 1), train_from_zero_state=False, plan=None):
   """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
   Validation and test run `eval_unroll // num_steps` windows per session
   call, unrolled in the graph with the state carried inside: the same
   numbers in far fewer calls. They always carry their state; training does
-  unless `train_from_zero_state`.
+  unless `train_from_zero_state`. Each follows its part of `plan` (a
+  plan.Plan; None: plan.make's for these configs and devices here).
   """
+  if plan is None:
+    plan = plan_lib.make(config, devices, data_type(use_fp16),
+                         plan_lib.offered(), replica[1], eval_config,
+                         eval_unroll)
   train_data, valid_data, test_data = data
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
-                        replica=replica,
-                        carry_state=not train_from_zero_state)]
-  for name, eval_cfg, ids in (("Valid", config, valid_data),
-                              ("Test", eval_config, test_data)):
+                        replica=replica, carry_state=not train_from_zero_state,
+                        plan=plan.train)]
+  for name, eval_cfg, ids, part in (("Valid", config, valid_data, plan.valid),
+                                    ("Test", eval_config, test_data,
+                                     plan.test)):
     models.append(build_model(
         name, False, eval_cfg, ids, devices[:1], use_fp16,
-        max(1, eval_unroll // eval_cfg.num_steps), reuse=True))
+        plan_lib.eval_windows(eval_unroll, eval_cfg.num_steps), reuse=True,
+        plan=part))
   return tuple(models)
 
 
@@ -496,9 +522,15 @@ def main(_):
   record = training.run_record(config, devices, cluster,
                                FLAGS.train_from_zero_state)
   resume = training.find_resume(FLAGS.save_path, record, cluster)
+  # Every choice of the steps to come, made here once (ptb/plan.py).
+  plan = plan_lib.make(config, devices, data_type(FLAGS.use_fp16),
+                       plan_lib.offered(), replica[1], eval_config,
+                       FLAGS.eval_unroll)
+  print(plan_lib.line(plan), file=sys.stderr, flush=True)
   summary = summary_lib.Summary(FLAGS.summary_json, sys.argv, FLAGS.model,
                                 config, devices, start_time,
-                                FLAGS.train_from_zero_state)
+                                FLAGS.train_from_zero_state,
+                                plan=plan_lib.record(plan))
   with training.memory_log(FLAGS.memory_log, FLAGS.memory_interval, devices,
                            FLAGS.save_path) as sampler:
     with tf.Graph().as_default() as graph, training.placement(cluster):
@@ -506,7 +538,8 @@ def main(_):
         tf.compat.v1.set_random_seed(FLAGS.seed)
       m, mvalid, mtest = build_models(config, eval_config, data, devices,
                                       FLAGS.use_fp16, FLAGS.eval_unroll,
-                                      replica, FLAGS.train_from_zero_state)
+                                      replica, FLAGS.train_from_zero_state,
+                                      plan)
       checkpoints = training.Checkpoints(
           FLAGS.save_path, m, resume, summary, record, cluster,
           FLAGS.cluster_timeout)

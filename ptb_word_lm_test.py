@@ -17,13 +17,10 @@ import tensorflow as tf
 
 from ptb import config as config_lib
 from ptb import devices as devices_lib
-from ptb import kernels
-from ptb import low_rank_update
 from ptb import lstm
 from ptb import monitor
+from ptb import plan as plan_lib
 from ptb import training
-from ptb import transposed_product
-from ptb import wavefront
 from ptb.errors import UserError
 from ptb.params import create_params
 from ptb.testing import HERE
@@ -41,6 +38,7 @@ from ptb_word_lm_testing import InProcessRunTest
 from ptb_word_lm_testing import build_tiny_model
 from ptb_word_lm_testing import learning_config
 from ptb_word_lm_testing import run_in_process
+from ptb_word_lm_testing import training_plan
 import reader
 import reader_test
 
@@ -313,10 +311,11 @@ class DropoutTest(tf.test.TestCase):
                         (ptb_word_lm.BLOCK, 4)):
       config = self._config(0.5)
       rows = self._rows(config)
-      with tf.Graph().as_default(), mock.patch.object(
-          wavefront, "wavefront_chunk", return_value=chunk):
+      config.rnn_mode = mode
+      with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(7)
-        model = build_tiny_model(config, rows, mode)
+        model = build_tiny_model(config, rows, mode,
+                                 plan=training_plan(config, chunk))
         masks = model.dropout_masks
         self.assertCountEqual(masks, ["input", "layers", "output"])
         self.assertLen(masks["layers"], config.num_layers - 1)
@@ -484,25 +483,30 @@ class TrainingTrajectoryTest(tf.test.TestCase):
   kernels (hidden 512, batch 8) where they run.
   """
 
-  def _check(self, rnn_mode, chunk, hidden, batch, recurrent_kernels=False):
+  def _check(self, rnn_mode, chunk, hidden, batch,
+             limits=plan_lib.THRESHOLDS):
+    """Trains on the plan of `limits`, a wavefront of `chunk` steps or none.
+
+    Returns:
+      The plan (a plan.Step), and the graph's swapped products.
+    """
     config = TinyConfig()
     config.hidden_size, config.batch_size = hidden, batch
     config.vocab_size, config.num_steps, num_calls = 40, 4, 5
-    config.max_grad_norm = 1.0
+    config.max_grad_norm, config.rnn_mode = 1.0, rnn_mode
     rows = np.random.RandomState(7).randint(
         0, config.vocab_size, (batch, num_calls * config.num_steps + 1))
-    with tf.Graph().as_default(), \
-        mock.patch.object(wavefront, "wavefront_chunk", return_value=chunk):
-      model = build_tiny_model(config, rows, rnn_mode, seed=11)
+    plan = training_plan(config, chunk, limits)
+    with tf.Graph().as_default() as graph:
+      model = build_tiny_model(config, rows, rnn_mode, seed=11, plan=plan)
       params = tf.compat.v1.trainable_variables()
-      types = {op.type
-               for op in tf.compat.v1.get_default_graph().get_operations()}
-      self.assertEqual("PanelMatMul" in types, recurrent_kernels)
-      # batch x steps rows are few: the weights are updated from the
-      # gradients' factors wherever the kernels run.
+      types = {op.type for op in graph.get_operations()}
+      self.assertEqual("PanelMatMul" in types,
+                       plan.lstm.forward == plan_lib.KERNELS)
       self.assertEqual("ApplyOuterProduct" in types,
-                       kernels.load() is not None and
-                       low_rank_update.MAX_ROWS >= batch * config.num_steps)
+                       plan.updates == plan_lib.FACTORS)
+      swaps = [op for op in graph.get_operations() if op.type == "Transpose"
+               and op.inputs[0].op.type == "MatMul"]
       with tf.compat.v1.Session() as sess:
         sess.run([tf.compat.v1.global_variables_initializer(),
                   tf.compat.v1.local_variables_initializer()])
@@ -520,40 +524,45 @@ class TrainingTrajectoryTest(tf.test.TestCase):
     for got, want, w0, p in zip(final, want_final, weights, params):
       self.assertGreater(np.abs(want - w0).max(), 1e-4, msg=p.name)
       self.assertAllClose(got, want, rtol=1e-4, atol=2e-6, msg=p.name)
+    return plan, swaps
 
   def testBasicWavefront(self):
-    self._check(config_lib.BASIC, 2, hidden=16, batch=4)
+    plan, _ = self._check(config_lib.BASIC, 2, hidden=16, batch=4)
+    self.assertEqual(plan.lstm.paths, (plan_lib.WAVEFRONT,) * 2)
 
   def testBasicLayerByLayerWithRecurrentKernels(self):
     # 4 steps: the kernels are asked for at any step count.
-    with mock.patch.object(lstm, "KERNEL_MIN_STEPS", 0):
-      self._check(config_lib.BASIC, None, hidden=512, batch=8,
-                  recurrent_kernels=kernels.load() is not None)
+    plan, _ = self._check(
+        config_lib.BASIC, None, hidden=512, batch=8,
+        limits=plan_lib.THRESHOLDS._replace(kernel_min_steps=0))
+    self.assertEqual(plan.lstm.paths, (plan_lib.LAYER,) * 2)
+    self.assertEqual(plan.lstm.forward == plan_lib.KERNELS,
+                     plan_lib.offered().isa is not None)
 
   def testBlock(self):
     self._check(config_lib.BLOCK, None, hidden=16, batch=4)
 
   def testBlockWithDenseGradients(self):
-    with mock.patch.object(low_rank_update, "MAX_ROWS", 0):
-      self._check(config_lib.BLOCK, None, hidden=16, batch=4)
+    plan, _ = self._check(
+        config_lib.BLOCK, None, hidden=16, batch=4,
+        limits=plan_lib.THRESHOLDS._replace(factor_max_rows=0))
+    self.assertEqual(plan.updates, plan_lib.DENSE)
 
   def testSwappedTransposedProducts(self):
     # Every a @ w^T of the backward pass swapped (transposed_product.py):
     # the softmax layer's, the layers' input gradients and, with 4 steps,
     # the per-step recurrent ones.
-    swaps, real = [], transposed_product.swapped
-    def spy(a, w):
-      swaps.append(real(a, w))
-      return swaps[-1]
-    with mock.patch.object(transposed_product, "MIN_WEIGHT", 0), \
-        mock.patch.object(transposed_product, "swapped", spy):
-      for mode, chunk in ((config_lib.BASIC, 2), (config_lib.BLOCK, None)):
-        with self.subTest(mode=mode):
-          del swaps[:]
-          self._check(mode, chunk, hidden=16, batch=4)
-          # 1 softmax, 2 layers x (input gradients, 3 recurrent steps).
-          self.assertGreaterEqual(len(swaps), 1 + 2 * 4)
-          self.assertTrue(all(swaps))
+    limits = plan_lib.THRESHOLDS._replace(swap_min_weight=0)
+    for mode, chunk in ((config_lib.BASIC, 2), (config_lib.BLOCK, None)):
+      with self.subTest(mode=mode):
+        plan, swaps = self._check(mode, chunk, hidden=16, batch=4,
+                                  limits=limits)
+        blocks = plan.lstm.input_gradients
+        self.assertEqual((plan.softmax.input_gradient, plan.lstm.backward),
+                         (plan_lib.SWAPPED, plan_lib.SWAPPED))
+        self.assertEqual(blocks, (plan_lib.SWAPPED,) * len(blocks))
+        # 1 softmax, 2 layers x (input gradients per block, 4 steps).
+        self.assertLen(swaps, 1 + 2 * (len(blocks) + 4))
 
 
 class RunTest(tf.test.TestCase):

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from ptb import config as config_lib
 from ptb import outputs
+from ptb import plan as plan_lib
 from ptb import testing
 from ptb.errors import Stop
 import ptb_word_lm
@@ -31,9 +32,28 @@ def learning_config(overrides=""):
   return config
 
 
+def training_plan(config, chunk, limits=plan_lib.THRESHOLDS,
+                  devices=("/cpu:0",)):
+  """The plan.Step of training `config` here, its wavefront forced.
+
+  Args:
+    config: the config, its rnn_mode set.
+    chunk: the wavefront's steps per chunk; None: one layer at a time.
+    limits: the plan's other thresholds.
+    devices: the towers.
+  """
+  return plan_lib.step(
+      config, config.batch_size, config.num_steps, devices, tf.float32,
+      plan_lib.offered(),
+      limits=testing.wavefront_limits(chunk, config.hidden_size, limits))
+
+
 def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
-                     is_training=True, seed=0):
-  """A model on fixed random data `rows` `[batch, steps + 1]` ids."""
+                     is_training=True, seed=0, plan=None):
+  """A model on fixed random data `rows` `[batch, steps + 1]` ids.
+
+  `plan` (a plan.Step) forces its paths; None takes the plan's choices.
+  """
   config.rnn_mode = rnn_mode
   data = rows.reshape(-1)  # rows are contiguous streams: see reader.
   input_ = ptb_word_lm.PTBInput(config, data, name="Input",
@@ -42,7 +62,8 @@ def build_tiny_model(config, rows, rnn_mode, devices=("/cpu:0",),
       -config.init_scale, config.init_scale, seed=seed)
   with tf.compat.v1.variable_scope("Model", initializer=initializer,
                                    reuse=tf.compat.v1.AUTO_REUSE):
-    return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices)
+    return ptb_word_lm.PTBModel(is_training, config, input_, devices=devices,
+                                plan=plan)
 
 
 def run_in_process(args, run_epoch=None):

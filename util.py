@@ -8,6 +8,7 @@ script); they are imported here under their names of the tutorial's util.
 import tensorflow as tf
 
 from ptb import low_rank_update
+from ptb.low_rank_update import LowRankGradient
 # pylint: disable=unused-import
 from ptb.devices import tower_devices
 from ptb.lstm import canonical_to_cudnn
@@ -44,9 +45,16 @@ def split_rows(tensor, num_towers):
 
 
 def _average(grads):
-  """Averages one variable's gradients from several towers."""
+  """Averages one variable's gradients from several towers.
+
+  Dense tensors are added; IndexedSlices and LowRankGradients (a gradient
+  as its factors, ptb/low_rank_update.py) keep their kind, their rows
+  concatenated.
+  """
   if len(grads) == 1:
     return grads[0]
+  if all(isinstance(g, LowRankGradient) for g in grads):
+    return low_rank_update.average(grads)
   scale = 1.0 / len(grads)
   if all(isinstance(g, tf.IndexedSlices) for g in grads):
     # Sparse (embedding) gradients stay sparse: concatenating the rows keeps
@@ -76,24 +84,30 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
 
   Clipping inside apply_gradients puts it after any aggregation (the towers'
   average, the workers' average in synchronous_update), so the norm is that
-  of the one update applied. A gradient recorded as a product of few rows
-  (ptb/low_rank_update.py) enters the norm through its Gram matrices and
-  updates its variable in one pass, without being formed.
+  of the one update applied. A gradient given as its factors (a
+  LowRankGradient, ptb/low_rank_update.py) enters the norm through its Gram
+  matrices and updates its variable in one pass, without being formed.
   """
 
-  def __init__(self, learning_rate, max_grad_norm):
+  def __init__(self, learning_rate, max_grad_norm, isa=None):
+    """The optimizer.
+
+    Args:
+      learning_rate: a float or a scalar tensor.
+      max_grad_norm: the global norm the gradients are clipped to.
+      isa: the kernels' width of ApplyOuterProduct, for LowRankGradients
+        (the plan's; plan.Step.isa).
+    """
     super().__init__(learning_rate)
     self._max_grad_norm = max_grad_norm
+    self._isa = isa
     self._clip_scale = None
-    self._factors = {}
+    self._factored = []
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     grads_and_vars = list(grads_and_vars)
-    self._factors = {}
-    for g, v in grads_and_vars:
-      found = low_rank_update.factors(g, v)
-      if found is not None:
-        self._factors[v.ref()] = found
+    self._factored = [(g, v) for g, v in grads_and_vars
+                      if isinstance(g, LowRankGradient)]
     norm = self._global_norm(grads_and_vars)
     # tf.clip_by_global_norm's factor (NaN when the norm is not finite).
     # It scales the learning rate instead of the gradients: the same update
@@ -102,15 +116,18 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
     self._clip_scale = tf.where(tf.math.is_finite(norm),
                                 clip * tf.minimum(1.0 / norm, 1.0 / clip),
                                 tf.constant(float("nan"), norm.dtype))
-    return super().apply_gradients(grads_and_vars, global_step, name)
+    # The LowRankGradients' updates join the others in _finish.
+    dense = [(g, v) for g, v in grads_and_vars
+             if not isinstance(g, LowRankGradient)]
+    return super().apply_gradients(dense, global_step, name)
 
   def _global_norm(self, grads_and_vars):
     """The global norm, from the factors where a gradient has them."""
-    dense = [g for g, v in grads_and_vars if v.ref() not in self._factors]
-    if not self._factors:
+    dense = [g for g, _ in grads_and_vars
+             if not isinstance(g, LowRankGradient)]
+    if not self._factored:
       return tf.linalg.global_norm(dense)
-    squares = [low_rank_update.squared_norm(x, g)
-               for x, g in self._factors.values()]
+    squares = [low_rank_update.squared_norm(g) for g, _ in self._factored]
     if dense:
       squares.append(tf.square(tf.linalg.global_norm(dense)))
     return tf.sqrt(tf.add_n(squares))
@@ -120,11 +137,18 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
     self._learning_rate_tensor = self._learning_rate_tensor * tf.cast(
         self._clip_scale, self._learning_rate_tensor.dtype)
 
-  def _resource_apply_dense(self, grad, handle):
-    found = self._factors.get(handle.ref())
-    if found is None:
-      return super()._resource_apply_dense(grad, handle)
-    return low_rank_update.apply(handle, *found, self._learning_rate_tensor)
+  def _finish(self, update_ops, name_scope):
+    """The dense updates, and the LowRankGradients' (ApplyOuterProduct).
+
+    Called by apply_gradients in its name scope, the learning rate
+    prepared (clipped), before the global step's increment.
+    """
+    for g, v in self._factored:
+      with tf.name_scope("update_" + v.op.name), \
+          tf.compat.v1.colocate_with(v):
+        update_ops.append(low_rank_update.apply(
+            v, g, self._learning_rate_tensor, self._isa))
+    return super()._finish(update_ops, name_scope)
 
 
 def synchronous_update(grads_and_vars, optimizer, global_step, replica,
@@ -143,7 +167,8 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
   may take a slow one's token.)
 
   Args:
-    grads_and_vars: this replica's gradients (tensors or IndexedSlices).
+    grads_and_vars: this replica's gradients (tensors, IndexedSlices, or
+      LowRankGradients, which the accumulators take formed).
     optimizer: applies the averaged gradients.
     global_step: incremented once per update.
     replica, num_replicas: this replica's index and the count.
@@ -165,6 +190,8 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
             grad.dtype, var.shape, shared_name=shared, reduction_type="SUM")
         pushes.append(acc.apply_indexed_slices_grad(grad, local_step))
       else:
+        if isinstance(grad, LowRankGradient):
+          grad = low_rank_update.dense(grad, var.shape)
         acc = tf.compat.v1.ConditionalAccumulator(grad.dtype, var.shape,
                                                   shared_name=shared)
         pushes.append(acc.apply_grad(grad, local_step))
@@ -196,20 +223,23 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
     return local_step.assign_add(1)
 
 
-def train_op(tower_grads, variables, lr, max_grad_norm, replica=(0, 1)):
+def train_op(tower_grads, variables, lr, max_grad_norm, replica=(0, 1),
+             isa=None):
   """The training op: the towers' average gradient, clipped, applied by SGD.
 
   Args:
-    tower_grads: one list of gradients per tower, in the order of variables.
+    tower_grads: one list of gradients per tower, in the order of variables
+      (tensors, IndexedSlices or LowRankGradients).
     variables: the trainable variables.
     lr: the learning rate (a variable).
     max_grad_norm: the global norm the gradients are clipped to.
     replica: (index, count) of the processes that train together; with
       several, each step's update is the average of one gradient from each
       (synchronous_update).
+    isa: the kernels' width for the LowRankGradients' updates (the plan's).
   """
   grads_and_vars = zip(average_gradients(tower_grads), variables)
-  optimizer = ClippedGradientDescent(lr, max_grad_norm)
+  optimizer = ClippedGradientDescent(lr, max_grad_norm, isa)
   global_step = tf.compat.v1.train.get_or_create_global_step()
   if replica[1] > 1:
     return synchronous_update(grads_and_vars, optimizer, global_step,

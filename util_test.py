@@ -10,9 +10,9 @@ import numpy as np
 import tensorflow as tf
 
 from ptb import devices as devices_lib
-from ptb import kernels
 from ptb import lstm
 from ptb import lstm_test
+from ptb import plan as plan_lib
 from ptb import testing
 import ptb_word_lm
 from ptb_word_lm_testing import build_tiny_model
@@ -188,7 +188,7 @@ class TowerTest(tf.test.TestCase):
       ops = tf.compat.v1.get_default_graph().get_operations()
       # BLOCK's cell on the CPU: the kernels' LstmCell, or BlockLSTM where
       # they are not there (one op per layer).
-      fused = kernels.load() is not None
+      fused = plan_lib.offered().isa is not None
       cells = [op for op in ops
                if op.type == ("LstmCell" if fused else "BlockLSTM")]
       per_tower = config.num_layers * (config.num_steps if fused else 1)
@@ -285,7 +285,8 @@ class CudnnLayoutTest(tf.test.TestCase):
       weights, biases = sess.run(util.canonical_to_cudnn(
           tf.constant(kernel), tf.constant(bias), 3))
       outputs, state = lstm.lstm_layer(
-          ptb_word_lm.BASIC, tf.constant(x[None]),
+          plan_lib.lstm(ptb_word_lm.BASIC, 1, 4, 2, 1),
+          tf.constant(x[None]),
           util.LSTMStateTuple(tf.constant(c), tf.constant(h)),
           tf.constant(kernel), tf.constant(bias))
       want_h, want_c = sess.run([outputs[0], state.c])

@@ -1,12 +1,13 @@
 """The internals of ptb_word_lm.py, one module per mechanism.
 
+plan               every choice a step makes, made once per run; thresholds
 lstm               the LSTM's forward and backward passes in every mode, the
                    stack
-wavefront          the wavefront's time chunks and their size
+wavefront          the wavefront's time chunks
 params             the model's weights by name, and their variables
 state              the LSTM state tuple and its packing, local variables
 softmax            the softmax loss with its hand-written gradient
-low_rank_update    gradients of few rows applied from their factors
+low_rank_update    gradients of few rows carried and applied as factors
 transposed_product input gradients of few rows, a @ w^T as (w @ a^T)^T
 dropout            dropout as explicit masks
 kernels            the C++ kernels (kernels.cc): build, cache, load

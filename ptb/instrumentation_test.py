@@ -14,6 +14,7 @@ import tempfile
 
 import tensorflow as tf
 
+from ptb import plan_test
 from ptb import testing
 import plot_run
 
@@ -82,6 +83,9 @@ class InstrumentationTest(tf.test.TestCase):
       self.assertEqual(summary["matmul"], "onednn")
       self.assertRegex(summary["python_version"], r"^3\.\d+\.\d+$")
       self.assertEqual(summary["devices"], ["/cpu:0"])
+      # The plan printed on stderr at start-up, and recorded.
+      plan_test.assert_recorded(self, summary["plan"],
+                                *plan_test.printed_plan(err))
       self.assertLen(summary["epochs"], 2)
       printed = [float(v) for v in
                  re.findall(r"Valid Perplexity: (\S+)", out)]

@@ -30,28 +30,23 @@ memory bandwidth; benchmark.py reports the model's speed against both.
 
 The kernels are written once over the vector width and compiled for two:
 AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32
-columns: 16 registers of 8 floats). They run the widest the CPU has, or the
-one PTB_KERNEL_ISA names (`avx512` or `avx2`: AVX2 code on an AVX-512 CPU,
-for tests and comparisons); `kernel_isa()` says which.
+columns: 16 registers of 8 floats). Each vector op takes its width as its
+attribute isa (`avx512` or `avx2`), which the model's builders pass from
+the plan (ptb/plan.py says which width runs, and whether the kernels run at
+all); `auto`, the default, runs the one PTB_KERNEL_ISA names, else the
+widest the CPU has.
 
 TensorFlow has no such kernels, so they are compiled here, once per machine
 and TensorFlow version, with the C++ compiler ($CXX, else g++) against the
 headers that the tensorflow wheel ships, and cached in $PTB_KERNEL_DIR
-(default ~/.cache/ptb_word_lm). Without a compiler, on a CPU with neither
-AVX-512 nor AVX2 and FMA, with a PTB_KERNEL_ISA that the CPU cannot run, or
-with PTB_LSTM_KERNELS=0 the model uses tf.matmul for these products and
-TensorFlow's softmax: the same mathematics, a little slower. `load()` says
-which, and which width, once, in the log.
-
-Building and loading need neither: the source is compiled without -mavx2 or
+(default ~/.cache/ptb_word_lm). The source is compiled without -mavx2 or
 -mavx512f, each width's functions carry their own target, so the library
 compiles and its ops register on any x86-64 CPU; every op but PackPanels
 (plain C++) runs vector code and refuses a width that the CPU cannot run.
-`load_library()` builds and loads the library wherever there is a
-compiler, for tests and tools; `load()`, which the model calls, adds the
-checks of where the ops can run.
+`load_library()` builds and loads the library, or raises; `load()` keeps
+it for the process, or returns None where it cannot be had.
 
-Nothing here reads flags or builds models.
+Nothing here reads flags, chooses a path or builds models.
 """
 
 import hashlib
@@ -71,77 +66,13 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 # Seconds a build may take (a build takes about 15 s on 2 cores).
 _BUILD_TIMEOUT = 600
 
-_state = {"loaded": False, "library": None, "reason": None}
+# The op library, once loaded (load()).
+_state = {"library": None}
 # Libraries loaded in this process, by file name (which names the source,
 # compiler and TensorFlow). TensorFlow registers an op once per process: a
 # second copy of the same library, from another directory, would come back
 # without the ops that the first registered.
 _libraries = {}
-
-
-# The vector widths of the kernels, widest first, and the CPU flags that
-# each needs (as /proc/cpuinfo spells them).
-ISAS = ("avx512", "avx2")
-_ISA_FLAGS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma")}
-_ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2 with FMA"}
-
-
-def _cpu_flags(cpuinfo):
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        if line.startswith("flags"):
-          return set(line.split())
-  except OSError:
-    pass
-  return set()
-
-
-def cpu_isas(cpuinfo="/proc/cpuinfo"):
-  """The kernels' vector widths that this CPU can run, widest first.
-
-  Args:
-    cpuinfo: the file that lists the CPU flags.
-
-  Returns:
-    A tuple of names from `ISAS`: "avx512" with the avx512f flag, "avx2"
-    with both avx2 and fma; empty if the file cannot be read.
-  """
-  flags = _cpu_flags(cpuinfo)
-  return tuple(isa for isa in ISAS
-               if all(flag in flags for flag in _ISA_FLAGS[isa]))
-
-
-def cpu_has_avx512(cpuinfo="/proc/cpuinfo"):
-  """True if `cpuinfo` lists the avx512f CPU flag (False if unreadable)."""
-  return "avx512" in cpu_isas(cpuinfo)
-
-
-def kernel_isa():
-  """The vector width that the ops run here, and why not if none.
-
-  PTB_KERNEL_ISA (`avx512` or `avx2`) chooses the width; unset or empty,
-  the widest that `cpu_isas()` lists. The ops (kernels.cc) choose the same
-  way from the same variable and the CPU itself.
-
-  Returns:
-    (isa, None) with isa one of `ISAS`, or (None, reason) if no width can
-    run: the CPU has none, or PTB_KERNEL_ISA names an unknown width or one
-    that the CPU lacks.
-  """
-  available = cpu_isas()
-  wanted = os.environ.get("PTB_KERNEL_ISA", "")
-  if not wanted:
-    if available:
-      return available[0], None
-    return None, "the CPU has neither AVX-512 nor AVX2 with FMA"
-  if wanted not in ISAS:
-    return None, "PTB_KERNEL_ISA=%s is not one of %s" % (
-        wanted, ", ".join(ISAS))
-  if wanted not in available:
-    return None, "PTB_KERNEL_ISA=%s but the CPU has no %s" % (
-        wanted, _ISA_NAMES[wanted])
-  return wanted, None
 
 
 def _compiler():
@@ -217,14 +148,13 @@ def build(source=_SOURCE):
 def load_library():
   """Builds the kernels unless cached and loads their op library, on any CPU.
 
-  Unlike `load()` it neither checks the CPU nor reads PTB_LSTM_KERNELS, and
-  it raises instead of logging: for tests and tools that register the ops
-  without running them.
+  The ops register on any x86-64 CPU; whether they can run here is the
+  plan's question (plan.offer).
 
   Returns:
     The op library (a module with `pack_panels`, `panel_mat_mul`,
-    `softmax_cross_entropy`, `apply_outer_product`, `fma_peak` and
-    `stream_triad`).
+    `softmax_cross_entropy`, `lstm_cell`, `apply_outer_product`,
+    `fma_peak` and `stream_triad`).
 
   Raises:
     RuntimeError: the build failed (see `build()`).
@@ -234,35 +164,16 @@ def load_library():
 
 
 def load():
-  """The kernels' op library, or None if the model cannot use them here.
+  """The op library (load_library's), kept for the process; None if it fails.
 
-  None with PTB_LSTM_KERNELS=0, where no vector width can run (see
-  `kernel_isa()`: the ops would refuse to run; nothing is built then) or if
-  the build or the loading fails. Decided once per process; the width used
-  is logged once, or the reason for None once as a warning and returned by
-  `unavailable_reason()`.
+  The graph builders take the ops from here where their part of the plan
+  says that the kernels run (the plan loaded them first, plan.offer).
   """
-  if not _state["loaded"]:
-    _state["loaded"] = True
-    isa = None
-    if os.environ.get("PTB_LSTM_KERNELS", "1") == "0":
-      _state["reason"] = "disabled by PTB_LSTM_KERNELS=0"
-    else:
-      isa, _state["reason"] = kernel_isa()
-    if isa is not None:
-      try:
-        _state["library"] = load_library()
-      except (RuntimeError, OSError, tf.errors.OpError) as e:
-        _state["reason"] = str(e)
-    if _state["library"] is None:
-      logging.warning("LSTM kernels not used (%s); the recurrent products "
-                      "use tf.matmul and the softmax layer TensorFlow's "
-                      "softmax.", _state["reason"])
-    else:
-      logging.info("LSTM kernels use %s (%s).", _ISA_NAMES[isa],
-                   "PTB_KERNEL_ISA=%s" % isa
-                   if os.environ.get("PTB_KERNEL_ISA")
-                   else "the widest this CPU has")
+  if _state["library"] is None:
+    try:
+      _state["library"] = load_library()
+    except (RuntimeError, OSError, tf.errors.OpError):
+      return None
   return _state["library"]
 
 
@@ -271,29 +182,3 @@ def _load_op_library(path):
   if name not in _libraries:
     _libraries[name] = tf.load_op_library(path)
   return _libraries[name]
-
-
-def unavailable_reason():
-  """Why `load()` returned None (None if it has not or if it did not)."""
-  return _state["reason"]
-
-
-def reset():
-  """Forgets the outcome of `load()`, so that it tries again (tests).
-
-  A library already loaded stays loaded: `load()` builds or finds the file
-  again, and reuses the loaded copy if the file has the same name.
-  """
-  _state.update(loaded=False, library=None, reason=None)
-
-
-def cpu_kernels(like):
-  """The op library for work like `like`, or None where the kernels cannot run.
-
-  Args:
-    like: a tensor of the work, built on its tower's device. The kernels
-      take float32 on the CPU only.
-  """
-  if like.dtype != tf.float32 or "GPU" in like.device.upper():
-    return None
-  return load()

@@ -1,4 +1,4 @@
-"""Gradients of few rows, applied without being written out.
+"""Gradients of few rows, carried as their factors and applied unformed.
 
 Every weight matrix of the model gets its gradient from one product over
 the rows of a step (batch x steps): x^T @ g, with x `[M, K]` (the layer's
@@ -13,72 +13,90 @@ again for the update, and the weights are read and written. Instead:
 - the update w -= lr * x^T g is one pass over w (the kernels'
   ApplyOuterProduct), the product summed in registers.
 
-The producers of such gradients (the LSTM's backward pass, the softmax
-layer) `record` their factors; the optimizer (util.ClippedGradientDescent)
-asks `factors` for each gradient it applies. A gradient that nobody reads
-densely is then never computed: the graph prunes its matmul. Towers and
-cluster workers add gradients up first: those sums have no recorded
-factors and take the dense path.
+Where the plan says so (plan.FACTORS), the backward passes of the LSTM and
+the softmax layer hand each such gradient out as a LowRankGradient, a named
+pair, into a dict that their caller gives them; the model puts it in place
+of the dense gradient, and the towers' average (util.average_gradients)
+and the optimizer (util.ClippedGradientDescent) take it as such. The dense
+gradient that tf.gradients returns beside it is then read by nobody, and
+the graph prunes its matmul.
 """
 
-import weakref
+import collections
 
 import tensorflow as tf
 
 from ptb import kernels
 
-# Rows up to which the update runs from the factors. Beyond, the dense
-# matmul's blocking beats the kernel's register tiles and the traffic saved
-# matters less (every default config has 400 or 700 rows).
-MAX_ROWS = 128
 
-# graph -> {tensor reference: (x, g)}
-_recorded = weakref.WeakKeyDictionary()
+class LowRankGradient(collections.namedtuple("LowRankGradient", ("x", "g"))):
+  """A weight's gradient as the product x^T @ g, not formed.
 
-
-def record(gradient, x, g):
-  """Records that `gradient` equals reshape(x^T @ g, gradient's shape).
-
-  Args:
-    gradient: the dense gradient, `[K, N]`, or `[N]` with K = 1.
-    x: `[M, K]`.
+  Attributes:
+    x: `[M, K]`; K = 1 for a bias.
     g: `[M, N]`.
-
-  Returns:
-    gradient, for chaining.
+  The gradient is x^T @ g, `[K, N]`, or its one row `[N]` for a bias.
   """
-  _recorded.setdefault(gradient.graph, {})[gradient.ref()] = (x, g)
-  return gradient
 
 
-def factors(gradient, var):
-  """(x, g) with gradient = x^T @ g, if `var` can be updated from them.
+def hand_out(factors, weight, x, g):
+  """Puts x^T @ g into `factors` as `weight`'s LowRankGradient, if asked.
 
   Args:
-    gradient: a gradient tensor (or IndexedSlices) of `var`.
-    var: the variable it updates.
-
-  Returns:
-    (x, g), or None: not recorded, more than MAX_ROWS rows, not float32,
-    not on the CPU, or no kernels here.
+    factors: None, or the caller's dict {weight.ref(): LowRankGradient}.
+    weight: the weight (a variable or tensor) whose gradient it is.
+    x, g: the factors, `[M, K]` and `[M, N]`.
   """
-  if not tf.is_tensor(gradient) or isinstance(gradient, tf.IndexedSlices):
-    return None
-  found = _recorded.get(gradient.graph, {}).get(gradient.ref())
-  if found is None or (found[0].shape[0] or MAX_ROWS + 1) > MAX_ROWS:
-    return None
-  if kernels.cpu_kernels(var) is None:
-    return None
-  return found
+  if factors is not None:
+    factors[weight.ref()] = LowRankGradient(x, g)
 
 
-def squared_norm(x, g):
+def with_factors(gradients, weights, factors):
+  """Each weight's gradient, its LowRankGradient where `factors` has one.
+
+  Args:
+    gradients: tf.gradients' results, in the order of `weights`.
+    weights: the variables.
+    factors: None, or {weight.ref(): LowRankGradient} from the backward pass.
+  """
+  if not factors:
+    return list(gradients)
+  return [factors.get(w.ref(), g) for g, w in zip(gradients, weights)]
+
+
+def average(gradients):
+  """The average of several towers' LowRankGradients, itself one.
+
+  The sum over towers of x_k^T g_k is the product of their rows
+  concatenated, as the embedding's rows are: (concat x)^T (concat g).
+  """
+  scale = 1.0 / len(gradients)
+  return LowRankGradient(tf.concat([d.x for d in gradients], 0) * scale,
+                         tf.concat([d.g for d in gradients], 0))
+
+
+def dense(gradient, shape):
+  """The gradient x^T @ g formed, in `shape` (`[K, N]` or a bias's `[N]`)."""
+  return tf.reshape(tf.matmul(gradient.x, gradient.g, transpose_a=True),
+                    shape)
+
+
+def squared_norm(gradient):
   """||x^T @ g||^2 from the Gram matrices: sum((x x^T) * (g g^T))."""
+  x, g = gradient
   return tf.reduce_sum(tf.matmul(x, x, transpose_b=True) *
                        tf.matmul(g, g, transpose_b=True))
 
 
-def apply(var, x, g, learning_rate):
-  """The op that does var -= learning_rate * x^T @ g in place."""
+def apply(var, gradient, learning_rate, isa):
+  """The op that does var -= learning_rate * x^T @ g in place.
+
+  Args:
+    var: a float32 resource variable on the CPU.
+    gradient: its LowRankGradient.
+    learning_rate: a scalar tensor.
+    isa: the kernels' width (the plan's).
+  """
   return kernels.load().apply_outer_product(
-      var.handle, x, g, -tf.cast(learning_rate, tf.float32))
+      var.handle, gradient.x, gradient.g, -tf.cast(learning_rate, tf.float32),
+      isa=isa)

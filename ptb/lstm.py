@@ -1,41 +1,37 @@
-"""The LSTM's forward and backward passes in every mode, and the stack.
+"""The LSTM's forward and backward passes on every path, and the stack.
 
-Four paths; lstm_stack picks one from the rnn mode and the wavefront's
-chunk (wavefront.wavefront_chunk: 4 steps below hidden size 1024, else
-None):
+Four paths; the plan (ptb/plan.py, its part plan.Lstm) says which one each
+model takes, and lstm_stack follows it:
 
-  BASIC wavefront       BASIC with a chunk (small, medium). basic_stack: all
-                        layers in one custom gradient; basic_forward chunk by
-                        chunk, layer l + 1 starting on a chunk as soon as
-                        layer l has it; backward from the top layer down,
-                        likewise a chunk at a time.
-  BASIC layer by layer  BASIC without a chunk (large). _lstm_basic_layer:
-                        one custom gradient per layer, basic_forward then
-                        backward.
-  BLOCK                 a fused cell. On the CPU in float32, where the
-                        kernels load: BASIC's path above (wavefront or layer
-                        by layer) with the kernels' LstmCell as the cell
-                        (_fused_cell). Elsewhere: _lstm_block_layer, the
-                        tf.raw_ops.BlockLSTM forward (block_lstm), then
-                        BASIC's backward. AUTO picks BLOCK on GPUs (BASIC on
-                        the CPU).
-  CUDNN                 _build_cudnn: one CudnnRNNV3 per layer and its
-                        registered gradient, on the canonical weights
-                        converted at every step (_cudnn_params). GPUs only:
-                        devices.check_devices refuses it without one.
+  WAVEFRONT   BASIC (small, medium), and BLOCK where its cell is the
+              kernels'. basic_stack: all layers in one custom gradient;
+              basic_forward chunk by chunk, layer l + 1 starting on a chunk
+              as soon as layer l has it; backward from the top layer down,
+              likewise a chunk at a time.
+  LAYER       the same, one layer after the other (large): _build_layer,
+              one custom gradient per layer (_layer), basic_forward then
+              backward.
+  BLOCK_LSTM  BLOCK where the kernels' cell cannot run (GPUs, float16, no
+              kernels): the tf.raw_ops.BlockLSTM forward (block_lstm), then
+              BASIC's backward (_build_block_lstm).
+  CUDNN_RNN   _build_cudnn: one CudnnRNNV3 per layer and its registered
+              gradient, on the canonical weights converted at every step
+              (_cudnn_params). GPUs only: devices.check_devices refuses it
+              without one.
 
 Every path runs on its tower's device: the CPU, or a GPU with --num_gpus.
-On the CPU, in float32, the per-step recurrent products of basic_forward
-(BASIC, and BLOCK there) and of backward run on the kernels of
-ptb/kernels.py from hidden size 512, batch 8 and 8 steps on
-(recurrent_kernels); elsewhere, or where the kernels cannot be loaded, on
-tf.matmul.
+On the first two the cell is core ops (ops_cell, BASIC) or the kernels'
+fused LstmCell (BLOCK on the CPU), and the per-step recurrent products of
+basic_forward and backward run on tf.matmul or on the kernels of
+ptb/kernels.py (PackPanels, PanelMatMul), as the plan says.
 
 The forward passes keep every step's activations in the layout of
 BlockLSTM's outputs, so that one hand-written backward pass serves BASIC
 and BLOCK: the recurrence step by step with the fused LSTMBlockCellGrad,
 then the weight gradient as ONE matmul over all steps (BlockLSTMGrad does a
-small one per step, which is slow on the CPU).
+small one per step, which is slow on the CPU). Given a dict `factors`, the
+backward pass also hands each kernel's gradient out as its factors
+(low_rank_update.LowRankGradient).
 
 All paths take time-major inputs `[T, B, I]`, a state of `[B, H]` tensors
 and the canonical weights: kernel `[I + H, 4H]` with gate blocks (input,
@@ -46,68 +42,51 @@ import tensorflow as tf
 
 from ptb import kernels as kernels_lib
 from ptb import low_rank_update
+from ptb import plan as plan_lib
 from ptb import transposed_product
 from ptb import wavefront
-from ptb.config import BASIC, BLOCK, CUDNN
 from ptb.state import LSTMStateTuple
 
-# The kernels (ptb/kernels.py) do the per-step recurrent products from this
-# hidden size and batch on. Below, the products fit in the L2 cache and
-# oneDNN is as fast, so packing the weights is pure cost (small, hidden 200,
-# trained 2-5 % slower with them); with batch 1 (the test pass) the packing
-# would be repeated at every call for products of one row. Packing reads
-# and writes the weights once per pass, so it pays only over enough steps.
-KERNEL_MIN_HIDDEN = 512
-KERNEL_MIN_BATCH = 8
-KERNEL_MIN_STEPS = 8
 
-
-def recurrent_kernels(like, hidden, steps):
-  """The kernels' op library for a layer, or None to use tf.matmul.
-
-  Args:
-    like: a `[B, ...]` tensor of the layer, built on its tower's device.
-    hidden: the layer's hidden size.
-    steps: the products of one pass (time steps) that share the packing.
-  """
-  if (hidden < KERNEL_MIN_HIDDEN or (like.shape[0] or 0) < KERNEL_MIN_BATCH
-      or steps < KERNEL_MIN_STEPS):
-    return None
-  return kernels_lib.cpu_kernels(like)
-
-
-def _forward_product(w_h, like, steps):
+def _forward_product(plan, w_h):
   """The forward step's product: a function (h, x) -> h @ w_h + x.
 
   Args:
+    plan: the plan.Lstm (its forward product: KERNELS or MATMUL).
     w_h: `[H, 4H]` recurrent weights.
-    like: a `[B, ...]` tensor of the layer, on its tower's device.
-    steps: the time steps of the pass.
 
   Returns:
     A function of h `[B, H]` and x `[B, 4H]` returning `[B, 4H]`.
   """
-  library = recurrent_kernels(like, w_h.shape[0], steps)
-  if library is None:
+  if plan.forward != plan_lib.KERNELS:
     return lambda h, x: tf.matmul(h, w_h) + x
+  library = kernels_lib.load()
   panels = library.pack_panels(w_h, transpose=False)
-  return lambda h, x: library.panel_mat_mul(h, panels, x)
+  return lambda h, x: library.panel_mat_mul(h, panels, x, isa=plan.isa)
 
 
-def _backward_product(w_h, like, steps):
+def _backward_product(plan, w_h, batch):
   """The backward step's product: a function d_gates -> d_gates @ w_h^T.
 
-  The arguments are _forward_product's; the function takes d_gates
-  `[B, 4H]` and returns `[B, H]`.
+  Args:
+    plan: the plan.Lstm (its backward product).
+    w_h: `[H, 4H]` recurrent weights.
+    batch: B.
+
+  Returns:
+    A function of d_gates `[B, 4H]` returning `[B, H]`.
   """
-  library = recurrent_kernels(like, w_h.shape[0], steps)
-  if library is not None:
+  if plan.backward == plan_lib.KERNELS:
+    library = kernels_lib.load()
     panels = library.pack_panels(w_h, transpose=True)
-    zeros = tf.zeros([like.shape[0], w_h.shape[0]], w_h.dtype)
-    return lambda d_gates: library.panel_mat_mul(d_gates, panels, zeros)
-  if steps < KERNEL_MIN_STEPS:
-    # Too few products to pay for a transposed copy either.
-    return lambda d_gates: transposed_product.matmul_transposed(d_gates, w_h)
+    zeros = tf.zeros([batch, w_h.shape[0]], w_h.dtype)
+    return lambda d_gates: library.panel_mat_mul(d_gates, panels, zeros,
+                                                 isa=plan.isa)
+  if plan.backward != plan_lib.TRANSPOSED:
+    # Too few products to pay for a transposed copy.
+    swapped = plan.backward == plan_lib.SWAPPED
+    return lambda d_gates: transposed_product.matmul_transposed(
+        d_gates, w_h, swapped)
   # w_h transposed once, so that the per-step product needs no transpose_b
   # (faster per step). Grappler would fold a Transpose that feeds a MatMul
   # back into transpose_b=True; the Snapshot between them (it forwards its
@@ -151,27 +130,28 @@ def ops_cell(gates, c):
   return i, cs, f, o, ci, co, o * co
 
 
-def _fused_cell(like):
-  """BLOCK's cell for work like `like`: the kernels' LstmCell, or None.
+def _cell(plan):
+  """The cell that the plan.Lstm names, in ops_cell's form.
 
-  The kernels' fused cell runs after BASIC's products: BlockLSTM's CPU
-  kernel does one Eigen product of [x_t, h] per step, and trained slower
-  than BASIC in every config (docs/model.md).
+  ops_cell itself, or the kernels' fused LstmCell (BLOCK on the CPU;
+  plan.py says why).
   """
-  library = kernels_lib.cpu_kernels(like)
-  return library.lstm_cell if library is not None else None
+  if plan.cell != plan_lib.FUSED_CELL:
+    return ops_cell
+  library = kernels_lib.load()
+  return lambda gates, c: library.lstm_cell(gates, c, isa=plan.isa)
 
 
-def basic_forward(x, c, h, kernel, bias, cell=ops_cell):
+def basic_forward(plan, x, c, h, kernel, bias):
   """Forward pass from products and a cell, keeping what backward needs.
 
   Args:
+    plan: the plan.Lstm: its cell (ops_cell, or the kernels' fused
+      LstmCell) and its forward product.
     x: `[T, B, I]` inputs, or a list of time blocks `[C, B, I]`: the
       steps of a block wait only for that block's inputs.
     c, h: `[B, H]` initial state.
     kernel, bias: the canonical weights.
-    cell: the elementwise part, as ops_cell: ops_cell (BASIC) or the
-      kernels' fused lstm_cell (BLOCK on the CPU).
 
   Returns:
     (outputs: a list of T `[B, H]` tensors, per-step activations: a dict of
@@ -184,7 +164,8 @@ def basic_forward(x, c, h, kernel, bias, cell=ops_cell):
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
-  product = _forward_product(w_h, h, sum(b.shape[0] for b in blocks))
+  cell = _cell(plan)
+  product = _forward_product(plan, w_h)
   for block in blocks:
     # One large matmul for the input projection of a block of steps, with
     # the bias; only the recurrent product h @ w_h has to wait for the
@@ -202,7 +183,7 @@ def basic_forward(x, c, h, kernel, bias, cell=ops_cell):
   return outputs, acts
 
 
-def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
+def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   """Backward pass of one LSTM layer, batched over time where it can be.
 
   The recurrence runs step by step with the fused elementwise gradient
@@ -212,6 +193,8 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   per step (what BlockLSTMGrad does, and why it is slow on the CPU).
 
   Args:
+    plan: the plan.Lstm: its backward product, and for each time block
+      whether its input gradient is swapped.
     x: `[T, B, I]` layer inputs, or a list of time blocks `[C, B, I]`: the
       layer below can start on a block's input gradient while this layer
       works on the earlier steps.
@@ -222,14 +205,18 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
 
   Returns:
     (d_x: a list of blocks `[C, B, I]` like x's, d_c0, d_h0, d_kernel,
-    d_bias).
+    d_bias, (x_h, g): d_kernel's factors, d_kernel = x_h^T @ g with x_h
+    `[T*B, I+H]` and g `[T*B, 4H]`).
   """
   blocks = wavefront.split_time(x)
+  if len(blocks) != len(plan.input_gradients):
+    raise ValueError("a plan of %d time blocks for %d" % (
+        len(plan.input_gradients), len(blocks)))
   sizes = [b.shape[0] for b in blocks]
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
   w_x, w_h = split_kernel(kernel, input_size)
-  product = _backward_product(w_h, acts["cs"][-1], sum(sizes))
+  product = _backward_product(plan, w_h, acts["cs"][-1].shape[0])
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
   d_h = tf.zeros_like(acts["cs"][-1]) if d_h is None else d_h
@@ -260,7 +247,8 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
     gate_blocks[k] = tf.stack(d_gates)                       # [C, B, 4H]
     flat_gates = tf.reshape(gate_blocks[k], [-1, 4 * hidden])
     d_x[k] = tf.reshape(
-        transposed_product.matmul_transposed(flat_gates, w_x),
+        transposed_product.matmul_transposed(
+            flat_gates, w_x, plan.input_gradients[k] == plan_lib.SWAPPED),
         [sizes[k], -1, input_size])                           # [C, B, I]
     end = start
   flat_g = tf.reshape(wavefront.join_time(gate_blocks),
@@ -268,22 +256,9 @@ def backward(x, kernel, bias, acts, d_outputs, d_c, d_h):
   xh = tf.concat([wavefront.join_time(blocks), tf.stack(acts["h_prev"])],
                  2)                                           # [T, B, I+H]
   flat_xh = tf.reshape(xh, [-1, input_size + hidden])
-  d_kernel = low_rank_update.record(
-      tf.matmul(flat_xh, flat_g, transpose_a=True), flat_xh, flat_g)
+  d_kernel = tf.matmul(flat_xh, flat_g, transpose_a=True)
   d_bias = tf.reduce_sum(flat_g, 0)
-  return d_x, d_c, d_h, d_kernel, d_bias
-
-
-@tf.custom_gradient
-def _lstm_basic_layer(x, c0, h0, kernel, bias):
-  """BASIC layer by layer: basic_forward, then backward."""
-  outputs, acts = basic_forward(x, c0, h0, kernel, bias)
-
-  def grad(d_outputs, d_c, d_h):
-    d_x, *rest = backward(x, kernel, bias, acts, d_outputs, d_c, d_h)
-    return [wavefront.join_time(d_x)] + rest
-
-  return (tf.stack(outputs), acts["cs"][-1], outputs[-1]), grad
+  return d_x, d_c, d_h, d_kernel, d_bias, (flat_xh, flat_g)
 
 
 def block_lstm(x, c0, h0, kernel, bias):
@@ -298,61 +273,77 @@ def block_lstm(x, c0, h0, kernel, bias):
       forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
 
 
-def _block_forward(x, c0, h0, kernel, bias):
-  """BLOCK's forward pass: (outputs `[T, B, H]`, per-step activations).
+def _basic_layer_forward(plan, x, c0, h0, kernel, bias):
+  """LAYER's forward: (outputs `[T, B, H]`, the last h, activations)."""
+  outputs, acts = basic_forward(plan, x, c0, h0, kernel, bias)
+  return tf.stack(outputs), outputs[-1], acts
 
-  BASIC's products and the kernels' fused cell where they load (the CPU,
-  float32), else tf.raw_ops.BlockLSTM.
-  """
-  cell = _fused_cell(x)
-  if cell is not None:
-    outputs, acts = basic_forward(x, c0, h0, kernel, bias, cell)
-    return tf.stack(outputs), acts
+
+def _block_lstm_forward(plan, x, c0, h0, kernel, bias):
+  """BLOCK_LSTM's forward: BlockLSTM, its outputs as basic_forward's acts."""
+  del plan  # BlockLSTM makes its own products.
   outputs = block_lstm(x, c0, h0, kernel, bias)
   acts = {k: tf.unstack(v) for k, v in
           zip(("i", "cs", "f", "o", "ci", "co"), outputs[:6])}
   h = outputs[6]
   acts["c_prev"] = [c0] + acts["cs"][:-1]
   acts["h_prev"] = [h0] + tf.unstack(h)[:-1]
-  return h, acts
+  return h, h[-1], acts
 
 
-@tf.custom_gradient
-def _lstm_block_layer(x, c0, h0, kernel, bias):
-  """BLOCK: a fused cell's forward (_block_forward), then backward.
+def _layer(forward, plan, x, state, kernel, bias, factors):
+  """One layer in one custom gradient: `forward`, then backward.
 
   BlockLSTM's registered gradient (BlockLSTMGrad) computes the weight
   gradient as one small matmul per step; backward gives the same numbers
   (tests compare them) faster on the CPU.
+
+  Args:
+    forward: _basic_layer_forward or _block_lstm_forward.
+    plan: the plan.Lstm.
+    x: `[T, B, I]`; state: LSTMStateTuple of `[B, H]`.
+    kernel, bias: the canonical weights.
+    factors: None, or the dict that the backward pass puts the kernel's
+      LowRankGradient into.
+
+  Returns:
+    (outputs `[T, B, H]`, final LSTMStateTuple).
   """
-  h, acts = _block_forward(x, c0, h0, kernel, bias)
+  @tf.custom_gradient
+  def layer(x, c0, h0, kernel_t, bias_t):
+    outputs, h, acts = forward(plan, x, c0, h0, kernel_t, bias_t)
 
-  def grad(d_outputs, d_c, d_h):
-    d_x, *rest = backward(x, kernel, bias, acts, d_outputs, d_c, d_h)
-    return [wavefront.join_time(d_x)] + rest
+    def grad(d_outputs, d_c, d_h):
+      d_x, d_c0, d_h0, d_kernel, d_bias, pair = backward(
+          plan, x, kernel_t, bias_t, acts, d_outputs, d_c, d_h)
+      low_rank_update.hand_out(factors, kernel, *pair)
+      return [wavefront.join_time(d_x), d_c0, d_h0, d_kernel, d_bias]
 
-  return (h, acts["cs"][-1], h[-1]), grad
+    return (outputs, acts["cs"][-1], h), grad
+
+  outputs, c, h = layer(x, state.c, state.h, kernel, bias)
+  return outputs, LSTMStateTuple(c, h)
 
 
-def basic_stack(x, states, kernels, biases, masks, chunk, cell=ops_cell):
-  """BASIC wavefront: all layers in one custom gradient, chunk by chunk.
+def basic_stack(plan, x, states, kernels, biases, masks, factors=None):
+  """The WAVEFRONT: all layers in one custom gradient, chunk by chunk.
 
   A custom gradient per layer could not overlap the layers: its inputs and
   outputs are whole sequences (wavefront.py says why they overlap).
 
   Args:
+    plan: the plan.Lstm: its chunk, cell and products.
     x: `[T, B, I]` inputs of the first layer.
     states: one LSTMStateTuple of `[B, H]` tensors per layer.
     kernels, biases: one canonical kernel and bias per layer.
     masks: None or one `[T, B, H]` dropout mask per layer but the last.
-    chunk: steps per chunk.
-    cell: the cell's elementwise part (basic_forward's): BASIC's ops_cell,
-      or BLOCK's fused cell.
+    factors: None, or the dict that the backward pass puts each kernel's
+      LowRankGradient into.
 
   Returns:
     (outputs of the last layer `[T, B, H]`, list of final LSTMStateTuple).
   """
-  num_layers = len(kernels)
+  num_layers, chunk = len(kernels), plan.chunk
   masks = list(masks) if masks else []
 
   @tf.custom_gradient
@@ -368,8 +359,8 @@ def basic_stack(x, states, kernels, biases, masks, chunk, cell=ops_cell):
     sizes = [b.shape[0] for b in inputs]
     for l in range(num_layers):
       layer_inputs.append(inputs)
-      outputs, acts = basic_forward(inputs, c0s[l], h0s[l], ks[l], bs[l],
-                                    cell)
+      outputs, acts = basic_forward(plan, inputs, c0s[l], h0s[l], ks[l],
+                                    bs[l])
       layer_acts.append(acts)
       finals.append((acts["cs"][-1], outputs[-1]))
       if l < num_layers - 1:
@@ -383,9 +374,10 @@ def basic_stack(x, states, kernels, biases, masks, chunk, cell=ops_cell):
       d_ks, d_bs = [None] * num_layers, [None] * num_layers
       d_out = wavefront.split_time(d_outputs, chunk)
       for l in reversed(range(num_layers)):
-        d_out, d_c0s[l], d_h0s[l], d_ks[l], d_bs[l] = backward(
-            layer_inputs[l], ks[l], bs[l], layer_acts[l], d_out, d_cs[l],
-            d_hs[l])
+        d_out, d_c0s[l], d_h0s[l], d_ks[l], d_bs[l], pair = backward(
+            plan, layer_inputs[l], ks[l], bs[l], layer_acts[l], d_out,
+            d_cs[l], d_hs[l])
+        low_rank_update.hand_out(factors, kernels[l], *pair)
         if mask_blocks and l > 0:
           d_out = [d * m for d, m in zip(d_out, mask_blocks[l - 1])]
       return ([wavefront.join_time(d_out)] + d_c0s + d_h0s + d_ks + d_bs +
@@ -477,17 +469,9 @@ def _cudnn_params(kernel, bias, input_size, hidden):
   return to_params(*(weights + biases))
 
 
-def _build_basic(x, state, kernel, bias):
-  outputs, c, h = _lstm_basic_layer(x, state.c, state.h, kernel, bias)
-  return outputs, LSTMStateTuple(c, h)
-
-
-def _build_block(x, state, kernel, bias):
-  outputs, c, h = _lstm_block_layer(x, state.c, state.h, kernel, bias)
-  return outputs, LSTMStateTuple(c, h)
-
-
-def _build_cudnn(x, state, kernel, bias):
+def _build_cudnn(plan, x, state, kernel, bias, factors):
+  """CUDNN_RNN: one CudnnRNNV3 call, its registered gradient (dense)."""
+  del plan, factors  # cuDNN makes its own products and gradients.
   num_steps, batch, input_size = x.shape
   hidden = state.h.shape[1]
   # One cuDNN call per layer, so that dropout between layers is applied
@@ -501,15 +485,24 @@ def _build_cudnn(x, state, kernel, bias):
   return outputs, LSTMStateTuple(c[0], h[0])
 
 
-_LAYER_BUILDERS = {BASIC: _build_basic, BLOCK: _build_block,
-                   CUDNN: _build_cudnn}
+def _build_layer(plan, x, state, kernel, bias, factors):
+  return _layer(_basic_layer_forward, plan, x, state, kernel, bias, factors)
 
 
-def lstm_layer(rnn_mode, x, state, kernel, bias):
-  """Runs one LSTM layer in the given mode.
+def _build_block_lstm(plan, x, state, kernel, bias, factors):
+  return _layer(_block_lstm_forward, plan, x, state, kernel, bias, factors)
+
+
+_LAYER_BUILDERS = {plan_lib.LAYER: _build_layer,
+                   plan_lib.BLOCK_LSTM: _build_block_lstm,
+                   plan_lib.CUDNN_RNN: _build_cudnn}
+
+
+def lstm_layer(plan, x, state, kernel, bias):
+  """Runs one LSTM layer on the path of its plan.
 
   Args:
-    rnn_mode: BASIC, BLOCK or CUDNN.
+    plan: a plan.Lstm of one layer (plan.lstm(..., num_layers=1, ...)).
     x: `[num_steps, batch, input]` time-major inputs.
     state: LSTMStateTuple of `[batch, hidden]` tensors.
     kernel: `[input + hidden, 4 * hidden]`, gate blocks (i, j, f, o).
@@ -518,32 +511,36 @@ def lstm_layer(rnn_mode, x, state, kernel, bias):
   Returns:
     (outputs `[num_steps, batch, hidden]`, final LSTMStateTuple).
   """
-  return _LAYER_BUILDERS[rnn_mode](x, state, kernel, bias)
+  outputs, finals = lstm_stack(plan, x, [state], [kernel], [bias])
+  return outputs, finals[0]
 
 
-def lstm_stack(rnn_mode, x, states, kernels, biases, masks=None, chunk=None):
+def lstm_stack(plan, x, states, kernels, biases, masks=None, factors=None):
   """Runs all LSTM layers, with dropout masks between them.
 
   Args:
-    rnn_mode: BASIC, BLOCK or CUDNN.
+    plan: the plan.Lstm of the model's call: each layer's path, the
+      wavefront's chunk, the cell and the products.
     x: `[T, B, I]` time-major inputs of the first layer.
     states: one LSTMStateTuple of `[B, H]` tensors per layer.
     kernels, biases: one canonical kernel and bias per layer.
     masks: None, or one `[T, B, H]` dropout mask (0 or 1 / keep_prob) per
       layer but the last, applied to that layer's outputs.
-    chunk: the steps per chunk of the wavefront (basic_stack), for BASIC
-      and for BLOCK where its cell is the kernels'.
+    factors: None, or a dict that the backward pass fills with each
+      kernel's gradient as factors, {kernel.ref(): LowRankGradient}.
 
   Returns:
     (outputs of the last layer `[T, B, H]`, list of final LSTMStateTuple).
   """
-  cell = (ops_cell if rnn_mode == BASIC else
-          _fused_cell(x) if rnn_mode == BLOCK else None)
-  if chunk and cell is not None:
-    return basic_stack(x, states, kernels, biases, masks, chunk, cell)
+  if len(plan.paths) != len(kernels):
+    raise ValueError("a plan of %d layers for %d" % (len(plan.paths),
+                                                      len(kernels)))
+  if plan.chunk:
+    return basic_stack(plan, x, states, kernels, biases, masks, factors)
   finals = []
   for l, (state, kernel, bias) in enumerate(zip(states, kernels, biases)):
-    x, state = lstm_layer(rnn_mode, x, state, kernel, bias)
+    x, state = _LAYER_BUILDERS[plan.paths[l]](plan, x, state, kernel, bias,
+                                              factors)
     if masks and l < len(kernels) - 1:
       x = x * masks[l]
     finals.append(state)

@@ -1,14 +1,14 @@
 """Tests of the LSTM layer in its modes, the backward pass and the wavefront."""
 
-from unittest import mock
-
 import numpy as np
 import tensorflow as tf
 
 from ptb import lstm
+from ptb import plan as plan_lib
 from ptb.config import BASIC, BLOCK
 from ptb.state import LSTMStateTuple
 from ptb.testing import reference_lstm
+from ptb.testing import wavefront_limits
 
 
 # BlockLSTM with TensorFlow's registered gradient (BlockLSTMGrad): an
@@ -16,8 +16,24 @@ from ptb.testing import reference_lstm
 REGISTERED = "block_lstm_registered_gradient"
 # BLOCK where the kernels' fused cell is not there (GPUs, fp16, no
 # compiler): tf.raw_ops.BlockLSTM's forward. BLOCK itself, on this CPU,
-# runs the fused cell when the kernels load.
+# runs the fused cell where the kernels load.
 BLOCK_OP = "block_lstm_op"
+
+
+# One layer at a time (plan.LAYER), whatever its size.
+LAYER_BY_LAYER = wavefront_limits(None, 0)
+
+
+def layer_plan(rnn_mode, x, kernel, limits=LAYER_BY_LAYER, num_layers=1):
+  """The plan of `rnn_mode`'s layers on inputs like x `[T, B, I]`, here.
+
+  BLOCK_OP is BLOCK without the kernels; BLOCK has them where they load.
+  """
+  steps, batch, _ = x.shape
+  isa = plan_lib.offered().isa if rnn_mode == BLOCK else None
+  return plan_lib.lstm(BLOCK if rnn_mode == BLOCK_OP else rnn_mode,
+                       num_layers, kernel.shape[1] // 4, batch, steps, isa,
+                       limits=limits)
 
 
 def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
@@ -26,13 +42,10 @@ def layer_outputs(rnn_mode, inputs, dtype=tf.float32):
   if rnn_mode == REGISTERED:
     block = lstm.block_lstm(x, c0, h0, kernel, bias)
     outputs, state = block[6], LSTMStateTuple(block[1][-1], block[6][-1])
-  elif rnn_mode == BLOCK_OP:
-    with mock.patch.object(lstm, "_fused_cell", return_value=None):
-      outputs, state = lstm.lstm_layer(
-          BLOCK, x, LSTMStateTuple(c0, h0), kernel, bias)
   else:
     outputs, state = lstm.lstm_layer(
-        rnn_mode, x, LSTMStateTuple(c0, h0), kernel, bias)
+        layer_plan(rnn_mode, x, kernel), x, LSTMStateTuple(c0, h0), kernel,
+        bias)
   # A loss that weighs every output and the final state differently.
   loss = (tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c * dc) +
           tf.reduce_sum(state.h * dh))
@@ -99,7 +112,8 @@ class LstmLayerTest(tf.test.TestCase):
                                    for v in inputs[:5])
         dy = tf.constant(inputs[5], tf.float32)
         outputs, state = lstm.lstm_layer(
-            mode, x, LSTMStateTuple(c0, h0), kernel, bias)
+            layer_plan(mode, x, kernel), x, LSTMStateTuple(c0, h0), kernel,
+            bias)
         loss = tf.reduce_sum(outputs * dy) + tf.reduce_sum(state.c)
         for var in (x, c0, h0, kernel, bias):
           err = tf.compat.v1.test.compute_gradient_error(
@@ -114,18 +128,21 @@ class LstmLayerTest(tf.test.TestCase):
     back into transpose_b=True by Grappler (the folded nodes are named
     FoldTransposeIntoMatMul), which would make the copy useless. Placeholders,
     so that Grappler cannot fold the whole computation into constants.
-    Below KERNEL_MIN_STEPS steps the products take w_h as it is: no copy.
+    Below kernel_min_steps steps the products take w_h as it is: no copy.
     """
     inputs = random_layer_inputs(input_size=4, hidden=5)
     for mode, min_steps, want in ((BASIC, 0, [[20, 5]]), (BLOCK, 0, [[20, 5]]),
                                   (BASIC, 10**9, []), (BLOCK, 10**9, [])):
-      with tf.Graph().as_default(), tf.compat.v1.Session() as sess, \
-          mock.patch.object(lstm, "KERNEL_MIN_STEPS", min_steps):
+      limits = LAYER_BY_LAYER._replace(kernel_min_steps=min_steps)
+      with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         feeds = [tf.compat.v1.placeholder(tf.float32, v.shape)
                  for v in inputs]
         x, c0, h0, kernel, bias, dy, _, _ = feeds
+        plan = layer_plan(mode, x, kernel, limits)
+        self.assertEqual(plan.backward, plan_lib.TRANSPOSED if min_steps == 0
+                         else plan_lib.PLAIN)
         outputs, _ = lstm.lstm_layer(
-            mode, x, LSTMStateTuple(c0, h0), kernel, bias)
+            plan, x, LSTMStateTuple(c0, h0), kernel, bias)
         grads = tf.compat.v1.gradients(outputs, [x, kernel], grad_ys=dy)
         metadata = tf.compat.v1.RunMetadata()
         sess.run(grads, feed_dict=dict(zip(feeds, inputs)),
@@ -176,9 +193,10 @@ class LstmStackTest(tf.test.TestCase):
                 for c, h in states]
       kernels = [tf.constant(k) for k in kernels]
       biases = [tf.constant(b) for b in biases]
+      limits = wavefront_limits(chunk, x.shape[2])
       outputs, finals = lstm.lstm_stack(
-          rnn_mode, x, states, kernels, biases,
-          [tf.constant(m) for m in masks], chunk=chunk)
+          layer_plan(rnn_mode, x, kernels[0], limits, len(kernels)), x,
+          states, kernels, biases, [tf.constant(m) for m in masks])
       loss = tf.reduce_sum(outputs * dy)
       for (dc, dh), s in zip(d_states, finals):
         loss += tf.reduce_sum(s.c * dc) + tf.reduce_sum(s.h * dh)

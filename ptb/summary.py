@@ -33,7 +33,7 @@ class Summary(object):
   """
 
   def __init__(self, path, argv, model, config, devices, start_time=None,
-               train_from_zero_state=False, clock=time.time):
+               train_from_zero_state=False, clock=time.time, plan=None):
     """The fields known before training starts.
 
     Args:
@@ -45,6 +45,7 @@ class Summary(object):
       start_time: the clock's time when this process started (default: now).
       train_from_zero_state: the --train_from_zero_state of the run.
       clock: returns the time in seconds; replaced by tests.
+      plan: the run's plan as plan.record gives it, or None.
     """
     self.path = path
     self._clock = clock
@@ -55,7 +56,7 @@ class Summary(object):
         "config": config_lib.config_fields(config),
         "train_from_zero_state": train_from_zero_state,
         "tensorflow_version": tf.__version__,
-        "matmul": onednn.matmul_library(),
+        "matmul": onednn.matmul_library(), "plan": plan,
         "python_version": platform.python_version(),
         "devices": list(devices), "epochs": [], "test_perplexity": None,
         "resumes": [], "status": "running", "wall_seconds": 0.0,

@@ -20,6 +20,7 @@ from absl.testing import flagsaver
 import numpy as np
 import tensorflow as tf
 
+from ptb import plan as plan_lib
 from ptb.config import BASIC
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,6 +141,18 @@ class TinyConfig(object):
   batch_size = 4
   vocab_size = 30
   rnn_mode = BASIC
+
+
+def wavefront_limits(chunk, hidden, limits=plan_lib.THRESHOLDS):
+  """The plan's thresholds, but a wavefront of `chunk` steps forced.
+
+  Args:
+    chunk: the wavefront's steps per chunk; None: one layer at a time.
+    hidden: the model's hidden size.
+    limits: the other thresholds.
+  """
+  return limits._replace(wavefront_chunk=chunk or 1,
+                         wavefront_below_hidden=hidden + 1 if chunk else 0)
 
 
 def reference_lstm(x, c, h, kernel, bias):

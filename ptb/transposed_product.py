@@ -12,34 +12,24 @@ the same sums in another order (float32 rounding apart).
 Where the weight fits in the caches (small's), or the rows are many (every
 default config's softmax layer: 400 or 700), the plain product is as fast
 or faster and is kept; so it is on GPUs, whose libraries need no such help.
+The plan says which products are swapped (plan.SWAPPED, and its thresholds
+swap_max_rows and swap_min_weight).
 """
 
 import tensorflow as tf
 
-# Rows up to which the swapped product is used; the weight must also hold
-# MIN_WEIGHT elements (4 MiB in float32, beyond a core's L2). On the Zen 4
-# (docs/performance.md) the swap was faster from 20 to 128 rows, slower at 400.
-MAX_ROWS = 128
-MIN_WEIGHT = 1 << 20
 
-
-def swapped(a, w):
-  """Whether matmul_transposed(a, w) swaps the product's operands."""
-  rows, size = a.shape[0], w.shape.num_elements()
-  return (rows is not None and size is not None and rows <= MAX_ROWS and
-          size >= MIN_WEIGHT and "GPU" not in a.device.upper())
-
-
-def matmul_transposed(a, w):
-  """a @ w^T, swapped as (w @ a^T)^T where that is faster (see above).
+def matmul_transposed(a, w, swapped):
+  """a @ w^T, as (w @ a^T)^T if `swapped` (see above).
 
   Args:
     a: `[M, N]`.
     w: `[K, N]`.
+    swapped: the plan's choice for this product (plan.SWAPPED).
 
   Returns:
     `[M, K]`.
   """
-  if swapped(a, w):
+  if swapped:
     return tf.transpose(tf.matmul(w, a, transpose_b=True))
   return tf.matmul(a, w, transpose_b=True)

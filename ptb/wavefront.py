@@ -1,27 +1,16 @@
-"""The wavefront's schedule: sequences cut into time chunks, and their size.
+"""The wavefront's schedule: sequences cut into time chunks and joined again.
 
 BASIC over all layers runs as a wavefront (lstm.basic_stack): layer l + 1
 consumes layer l's outputs a chunk of steps at a time instead of waiting
 for the whole sequence, and in the backward pass layer l consumes layer
 l + 1's input gradient a chunk at a time, so that the layers' step-by-step
-recurrences overlap on two cores. This module cuts sequences into chunks,
-joins them again and says how many steps a chunk has; lstm.py runs the
-passes over the chunks.
+recurrences overlap on two cores. This module cuts sequences into chunks
+and joins them again; lstm.py runs the passes over the chunks, and the plan
+(plan.Lstm.chunk) says how many steps a chunk has and for which models.
 """
 
 import numpy as np
 import tensorflow as tf
-
-
-def wavefront_chunk(hidden_size):
-  """Steps per chunk of the BASIC wavefront (lstm.basic_stack) for a model.
-
-  On two cores, chunks of 4 steps let the layers' recurrences overlap (small
-  and medium train faster than one layer after the other). From hidden size
-  1024 on, each layer's step products are bound by memory bandwidth: side
-  by side they gain nothing, so the layers run one after the other.
-  """
-  return 4 if hidden_size < 1024 else None
 
 
 def split_time(x, chunk=None):

@@ -1,0 +1,473 @@
+"""The plan: every choice a session call makes, made once per run.
+
+Which path each LSTM layer takes, how its recurrent products run, which
+softmax loss, how each weight is updated, which products a @ w^T are
+swapped and which vector width the kernels run: `make` computes all of it
+once, from the config, the devices, the dtype and what the CPU and the
+kernels offer (`offered`). ptb_word_lm.main and benchmark.py compute the
+plan, print it (`line`, `fields`) and pass it down; lstm.py, softmax.py and
+util.py take their part as a plain argument and decide nothing themselves.
+
+The thresholds live here (`THRESHOLDS`), each with its reason. The
+environment variables that choose the kernels are read here and nowhere
+else in ptb/: PTB_LSTM_KERNELS=0 turns them off, PTB_KERNEL_ISA (avx512 or
+avx2) names their width.
+"""
+
+import collections
+import dataclasses
+import os
+from typing import Optional, Tuple
+
+from absl import logging
+import tensorflow as tf
+
+from ptb import kernels as kernels_lib
+from ptb.config import BASIC, BLOCK, CUDNN
+
+# A layer's path (Lstm.paths).
+WAVEFRONT = "wavefront"    # every layer in one custom gradient, by time chunks
+LAYER = "layer"            # one custom gradient per layer, one after the other
+BLOCK_LSTM = "BlockLSTM"   # tf.raw_ops.BlockLSTM's forward, the shared backward
+CUDNN_RNN = "cuDNN"        # CudnnRNNV3 and its registered gradient
+# The cell of WAVEFRONT and LAYER (Lstm.cell).
+OPS_CELL = "ops"           # core ops (BASIC)
+FUSED_CELL = "LstmCell"    # the kernels' fused cell (BLOCK on the CPU)
+# Products: the recurrent one h @ w_h, and d @ w^T in the backward pass.
+KERNELS = "kernels"        # PackPanels once per pass, then PanelMatMul
+MATMUL = "matmul"          # tf.matmul
+TRANSPOSED = "transposed"  # w_h transposed once per pass, then tf.matmul
+PLAIN = "plain"            # tf.matmul(d, w, transpose_b=True)
+SWAPPED = "swapped"        # tf.transpose(tf.matmul(w, d, transpose_b=True))
+# The softmax loss (Softmax.loss).
+KERNEL = "kernel"          # the kernels' SoftmaxCrossEntropy
+OPS = "ops"                # TensorFlow's softmax
+# A weight's update (Step.updates).
+DENSE = "dense"            # the gradient formed, then applied
+FACTORS = "factors"        # from its factors x^T @ g (low_rank_update.py)
+
+
+class Thresholds(collections.namedtuple("Thresholds", (
+    "wavefront_chunk", "wavefront_below_hidden", "kernel_min_hidden",
+    "kernel_min_batch", "kernel_min_steps", "factor_max_rows",
+    "swap_max_rows", "swap_min_weight"))):
+  """The sizes at which a choice changes; THRESHOLDS holds them, with why."""
+
+
+THRESHOLDS = Thresholds(
+    # Chunks of 4 steps let two layers' recurrences overlap on two cores
+    # (small's steps 10 % shorter).
+    wavefront_chunk=4,
+    # From hidden 1024 each layer's step products are bound by memory
+    # bandwidth: side by side they gain nothing (large lost 6 %).
+    wavefront_below_hidden=1024,
+    # Below, the recurrent products fit in the L2 cache and oneDNN is as
+    # fast: packing is pure cost (small trained 2-5 % slower with it).
+    kernel_min_hidden=512,
+    # With batch 1 (the test pass) packing would be repeated at every call
+    # for products of one row.
+    kernel_min_batch=8,
+    # Packing, or transposing w_h, reads and writes the weights once per
+    # pass: it pays only over enough steps.
+    kernel_min_steps=8,
+    # Beyond, the dense matmul's blocking beats ApplyOuterProduct's register
+    # tiles, and the traffic saved matters less (no default config has so
+    # few rows).
+    factor_max_rows=128,
+    # Swapped, a product of few rows reads the large weight in its own
+    # layout; with many rows the plain one is faster (at 400 rows on the
+    # Zen 4, docs/performance.md) ...
+    swap_max_rows=128,
+    # ... and only a weight beyond a core's L2 (4 MiB in float32) gains;
+    # GPUs' libraries need no such help.
+    swap_min_weight=1 << 20)
+
+# The kernels' vector widths, widest first, and the CPU flags each needs
+# (as /proc/cpuinfo spells them).
+ISAS = ("avx512", "avx2")
+_ISA_FLAGS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma")}
+ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2 with FMA"}
+CPUINFO = "/proc/cpuinfo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """What the CPU and the kernels offer this process.
+
+  Attributes:
+    isa: the kernels' vector width ("avx512" or "avx2"), None without them.
+    why: how the width was chosen, or why there are no kernels.
+  """
+  isa: Optional[str]
+  why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Lstm:
+  """How the LSTM layers of one session call run: lstm.py's part.
+
+  Attributes:
+    paths: each layer's path: WAVEFRONT, LAYER, BLOCK_LSTM or CUDNN_RNN.
+    chunk: steps per time chunk of the WAVEFRONT, else None.
+    cell: OPS_CELL or FUSED_CELL; BLOCK_LSTM or CUDNN_RNN on those paths.
+    forward: the recurrent product h @ w_h: KERNELS or MATMUL (the op
+      itself on BLOCK_LSTM and CUDNN_RNN).
+    backward: d_gates @ w_h^T: KERNELS, TRANSPOSED, PLAIN or SWAPPED; None
+      without a backward pass of ours (evaluation, CUDNN_RNN).
+    input_gradients: d_gates @ w_x^T, PLAIN or SWAPPED, for each time block
+      of the backward pass (the WAVEFRONT's chunks, else one block).
+    isa: the width of the kernels' ops built, None where none are.
+  """
+  paths: Tuple[str, ...]
+  chunk: Optional[int]
+  cell: str
+  forward: str
+  backward: Optional[str]
+  input_gradients: Tuple[str, ...]
+  isa: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Softmax:
+  """How the softmax layer runs: softmax.py's part.
+
+  Attributes:
+    loss: KERNEL or OPS.
+    input_gradient: d_logits @ softmax_w^T, PLAIN or SWAPPED; None in
+      evaluation.
+    isa: the width of the kernel's op, None with OPS.
+  """
+  loss: str
+  input_gradient: Optional[str]
+  isa: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """Every choice of one model's session call.
+
+  Attributes:
+    batch, steps: rows per tower and time steps per call.
+    lstm, softmax: the parts of lstm.lstm_stack and softmax.softmax_loss.
+    updates: training only: FACTORS where the LSTM kernels and the softmax
+      weight and bias are updated from their factors (the embedding's
+      gradient stays sparse and the LSTM biases' dense), else DENSE; None
+      in evaluation.
+    isa: the width of ApplyOuterProduct with FACTORS, else None.
+  """
+  batch: int
+  steps: int
+  lstm: Lstm
+  softmax: Softmax
+  updates: Optional[str]
+  isa: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A run's plan: what the kernels offer, and each model's Step.
+
+  Attributes:
+    kernels: Kernels.
+    train: the training step.
+    valid, test: the evaluation calls, or None (benchmark.py trains only).
+  """
+  kernels: Kernels
+  train: Step
+  valid: Optional[Step] = None
+  test: Optional[Step] = None
+
+
+def _cpu_flags(cpuinfo):
+  """The CPU's flags that `cpuinfo` lists (none if it cannot be read)."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("flags"):
+          return set(line.split())
+  except OSError:
+    pass
+  return set()
+
+
+def cpu_isas(cpuinfo=CPUINFO):
+  """The kernels' widths that this CPU runs, widest first (names of ISAS).
+
+  "avx512" with the avx512f flag, "avx2" with both avx2 and fma; none if
+  `cpuinfo` cannot be read.
+  """
+  flags = _cpu_flags(cpuinfo)
+  return tuple(isa for isa in ISAS
+               if all(flag in flags for flag in _ISA_FLAGS[isa]))
+
+
+def kernel_width(environ=None, cpuinfo=CPUINFO):
+  """The kernels' width here, and how it was chosen or why there is none.
+
+  PTB_KERNEL_ISA (`avx512` or `avx2`) chooses it; unset or empty, the
+  widest that the CPU has. The ops (kernels.cc) refuse a width that the CPU
+  cannot run.
+
+  Args:
+    environ: the environment (os.environ by default).
+    cpuinfo: the file that lists the CPU's flags.
+
+  Returns:
+    (isa, why): isa one of ISAS, or None when no width can run.
+  """
+  environ = os.environ if environ is None else environ
+  available = cpu_isas(cpuinfo)
+  wanted = environ.get("PTB_KERNEL_ISA", "")
+  if not wanted:
+    if available:
+      return available[0], "the widest this CPU has"
+    return None, "the CPU has neither AVX-512 nor AVX2 with FMA"
+  if wanted not in ISAS:
+    return None, "PTB_KERNEL_ISA=%s is not one of %s" % (
+        wanted, ", ".join(ISAS))
+  if wanted not in available:
+    return None, "PTB_KERNEL_ISA=%s but the CPU has no %s" % (
+        wanted, ISA_NAMES[wanted])
+  return wanted, "PTB_KERNEL_ISA=%s" % wanted
+
+
+def offer(environ=None, cpuinfo=CPUINFO):
+  """What the kernels offer here: a width, or why none (Kernels).
+
+  None with PTB_LSTM_KERNELS=0, without a width (kernel_width) or where
+  the build or the loading fails; nothing is built then for nothing.
+  """
+  environ = os.environ if environ is None else environ
+  if environ.get("PTB_LSTM_KERNELS", "1") == "0":
+    return Kernels(None, "disabled by PTB_LSTM_KERNELS=0")
+  isa, why = kernel_width(environ, cpuinfo)
+  if isa is None:
+    return Kernels(None, why)
+  try:
+    kernels_lib.load_library()
+  except (RuntimeError, OSError, tf.errors.OpError) as e:
+    return Kernels(None, str(e))
+  return Kernels(isa, why)
+
+
+_offered = []
+
+
+def offered():
+  """offer() of this process's environment and CPU, once per process.
+
+  The outcome is logged once: the width, or as a warning why none.
+  """
+  if not _offered:
+    _offered.append(offer())
+    kernels = _offered[0]
+    if kernels.isa is None:
+      logging.warning("LSTM kernels not used (%s); the recurrent products "
+                      "use tf.matmul and the softmax layer TensorFlow's "
+                      "softmax.", kernels.why)
+    else:
+      logging.info("LSTM kernels use %s (%s).", ISA_NAMES[kernels.isa],
+                   kernels.why)
+  return _offered[0]
+
+
+def forget_offered():
+  """Makes offered() look again (tests)."""
+  del _offered[:]
+
+
+def _swap(rows, weight, cpu, limits):
+  """PLAIN or SWAPPED for a product of `rows` rows with a w of `weight`."""
+  return (SWAPPED if cpu and rows <= limits.swap_max_rows and
+          weight >= limits.swap_min_weight else PLAIN)
+
+
+def _time_blocks(steps, chunk):
+  """The sizes of a call's time blocks: chunks of `chunk` steps, or one."""
+  chunk = chunk or steps
+  return [min(chunk, steps - s) for s in range(0, steps, chunk)]
+
+
+def _cell(rnn_mode, isa):
+  """The cell of BASIC or BLOCK: OPS_CELL, FUSED_CELL, or BLOCK_LSTM.
+
+  BLOCK's fused cell on the CPU is the kernels' LstmCell after BASIC's
+  products: BlockLSTM's CPU kernel does one Eigen product of [x_t, h] per
+  step, and trained slower than BASIC in every config.
+  """
+  if rnn_mode == BASIC:
+    return OPS_CELL
+  return FUSED_CELL if isa else BLOCK_LSTM
+
+
+def _packed(hidden, batch, steps, isa, limits):
+  """Whether the recurrent products run on the kernels (PackPanels)."""
+  return (isa is not None and hidden >= limits.kernel_min_hidden and
+          batch >= limits.kernel_min_batch and
+          steps >= limits.kernel_min_steps)
+
+
+def _backward(packed, hidden, batch, steps, cpu, limits):
+  """The backward pass's recurrent product d_gates @ w_h^T."""
+  if packed:
+    return KERNELS
+  if steps >= limits.kernel_min_steps:
+    return TRANSPOSED
+  return _swap(batch, hidden * 4 * hidden, cpu, limits)
+
+
+def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
+         training=True, limits=THRESHOLDS):
+  """The LSTM's part of a Step (Lstm).
+
+  Args:
+    rnn_mode: BASIC, BLOCK or CUDNN.
+    num_layers, hidden: the layers and their size (inputs of the same size).
+    batch, steps: rows per tower and time steps of the call.
+    isa: the kernels' width where this call's tensors can use them
+      (float32 on a CPU), else None.
+    cpu: whether the towers are CPUs.
+    training: whether the call has a backward pass.
+    limits: Thresholds.
+  """
+  if rnn_mode == CUDNN:
+    return Lstm((CUDNN_RNN,) * num_layers, None, CUDNN_RNN, CUDNN_RNN, None,
+                (), None)
+  cell = _cell(rnn_mode, isa)
+  packed = _packed(hidden, batch, steps, isa, limits)
+  if cell == BLOCK_LSTM:
+    chunk, path, forward = None, BLOCK_LSTM, BLOCK_LSTM
+  else:
+    chunk = (limits.wavefront_chunk
+             if hidden < limits.wavefront_below_hidden else None)
+    path, forward = WAVEFRONT if chunk else LAYER, KERNELS if packed else MATMUL
+  backward, input_gradients = None, ()
+  if training:
+    backward = _backward(packed, hidden, batch, steps, cpu, limits)
+    input_gradients = tuple(
+        _swap(size * batch, hidden * 4 * hidden, cpu, limits)
+        for size in _time_blocks(steps, chunk))
+  uses_kernels = packed or cell == FUSED_CELL
+  return Lstm((path,) * num_layers, chunk, cell, forward, backward,
+              input_gradients, isa if uses_kernels else None)
+
+
+def step(config, batch, steps, devices, dtype, kernels, training=True,
+         workers=1, limits=THRESHOLDS):
+  """One model's Step: its LSTM, softmax loss and updates.
+
+  Args:
+    config: the config (rnn_mode resolved: BASIC, BLOCK or CUDNN).
+    batch, steps: rows per tower and time steps per call.
+    devices: the model's tower devices.
+    dtype: the variables' and activations' dtype.
+    kernels: Kernels (offered()).
+    training: whether the model trains.
+    workers: the processes that train together (a cluster's workers).
+    limits: Thresholds.
+  """
+  cpu = not any("GPU" in d.upper() for d in devices)
+  isa = kernels.isa if cpu and dtype == tf.float32 else None
+  rows = batch * steps
+  softmax = Softmax(
+      KERNEL if isa else OPS,
+      _swap(rows, config.hidden_size * config.vocab_size, cpu, limits)
+      if training else None, isa)
+  # The towers' gradients are averaged densely, and a cluster's
+  # accumulators take dense tensors: the factors serve one tower alone.
+  factored = (training and isa is not None and len(devices) == 1 and
+              workers == 1 and rows <= limits.factor_max_rows)
+  return Step(batch, steps,
+              lstm(config.rnn_mode, config.num_layers, config.hidden_size,
+                   batch, steps, isa, cpu, training, limits),
+              softmax,
+              (FACTORS if factored else DENSE) if training else None,
+              isa if factored else None)
+
+
+def eval_windows(eval_unroll, num_steps):
+  """Windows per session call of validation and test: eval_unroll steps."""
+  return max(1, eval_unroll // num_steps)
+
+
+def make(config, devices, dtype, kernels, workers=1, eval_config=None,
+         eval_unroll=1, limits=THRESHOLDS):
+  """The run's Plan.
+
+  Args:
+    config: the training config (rnn_mode resolved).
+    devices: the training towers' devices; evaluation runs on the first.
+    dtype: tf.float32, or tf.float16 (--use_fp16).
+    kernels: Kernels (offered()).
+    workers: the processes that train together.
+    eval_config: the test pass's config (batch 1, 1 step), or None for a
+      plan of the training step alone.
+    eval_unroll: time steps per session call of validation and test; the
+      plan is of a full call (a corpus too short for one runs the same
+      choices on fewer steps).
+    limits: Thresholds.
+  """
+  train = step(config, config.batch_size, config.num_steps, devices, dtype,
+               kernels, True, workers, limits)
+  if eval_config is None:
+    return Plan(kernels, train)
+  evaluations = [
+      step(c, c.batch_size,
+           c.num_steps * eval_windows(eval_unroll, c.num_steps),
+           devices[:1], dtype, kernels, False, 1, limits)
+      for c in (config, eval_config)]
+  return Plan(kernels, train, *evaluations)
+
+
+def _swapped(step_plan):
+  """The products a @ w^T that the step swaps, as fields() names them."""
+  lstm_plan, names = step_plan.lstm, []
+  if step_plan.softmax.input_gradient == SWAPPED:
+    names.append("softmax")
+  blocks = lstm_plan.input_gradients
+  done = blocks.count(SWAPPED)
+  if done:
+    names.append("inputs" if done == len(blocks)
+                 else "inputs:%d/%d" % (done, len(blocks)))
+  if lstm_plan.backward == SWAPPED:
+    names.append("recurrent")
+  return ",".join(names) or "none"
+
+
+def fields(plan):
+  """The plan as key=value fields of one line ({key: text}, in order).
+
+  kernels (the width or none), lstm (each layer's path), chunk, cell,
+  recurrent and backward (the training step's recurrent products),
+  recurrent_valid and recurrent_test (where the plan has them), softmax,
+  updates and swapped (the training step's swapped products, or none).
+  """
+  train = plan.train
+  out = collections.OrderedDict([
+      ("kernels", plan.kernels.isa or "none"),
+      ("lstm", ",".join(train.lstm.paths)),
+      ("chunk", str(train.lstm.chunk or "none")),
+      ("cell", train.lstm.cell),
+      ("recurrent", train.lstm.forward),
+      ("backward", train.lstm.backward or "none")])
+  for name in ("valid", "test"):
+    if getattr(plan, name) is not None:
+      out["recurrent_" + name] = getattr(plan, name).lstm.forward
+  out["softmax"] = train.softmax.loss
+  out["updates"] = train.updates
+  out["swapped"] = _swapped(train)
+  return out
+
+
+def line(plan):
+  """The plan in one line for people: "Plan: kernels=avx2 (why) lstm=..."."""
+  items = ["%s=%s" % kv for kv in fields(plan).items()]
+  items[0] += " (%s)" % plan.kernels.why
+  return "Plan: " + " ".join(items)
+
+
+def record(plan):
+  """The plan as the summary JSON records it: fields() and the kernels' why."""
+  out = dict(fields(plan))
+  out["kernels_why"] = plan.kernels.why
+  return out
