@@ -4,7 +4,7 @@ Trains the model described in:
 (Zaremba, et. al.) Recurrent Neural Network Regularization
 http://arxiv.org/abs/1409.2329
 
-There are 4 model configurations:
+There are 3 model configurations, and a tiny one ("test") for the tests:
 ===========================================
 | config | epochs | train | valid  | test
 ===========================================
@@ -469,8 +469,8 @@ def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
                  replica=(0, 1), train_from_zero_state=False, plan=None):
   """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
-  Validation and test run `eval_unroll // num_steps` windows per session
-  call, unrolled in the graph with the state carried inside: the same
+  Validation and test run `max(1, eval_unroll // num_steps)` windows per
+  session call, unrolled in the graph with the state carried inside: the same
   numbers in far fewer calls. They always carry their state; training does
   unless `train_from_zero_state`. Each follows its part of `plan` (a
   plan.Plan; None: plan.make's for these configs and devices here).
