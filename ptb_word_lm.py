@@ -500,7 +500,7 @@ def main(_):
   cluster = cluster_lib.from_flags(
       FLAGS.job_name, FLAGS.task_index, FLAGS.ps_hosts, FLAGS.worker_hosts,
       os.environ.get("TF_CONFIG"))
-  if cluster_lib.ps_task_done(cluster, FLAGS.cluster_timeout,
+  if cluster_lib.serve_if_ps(cluster, FLAGS.cluster_timeout,
                               FLAGS.save_every_steps):
     return
   outputs.check_all(FLAGS.save_path, FLAGS.memory_log, FLAGS.summary_json)
@@ -540,19 +540,19 @@ def main(_):
                                       FLAGS.use_fp16, FLAGS.eval_unroll,
                                       replica, FLAGS.train_from_zero_state,
                                       plan)
-      checkpoints = training.Checkpoints(
+      run_state = training.RunState(
           FLAGS.save_path, m, resume, summary, record, cluster,
           FLAGS.cluster_timeout)
       done = cluster_lib.done_ops(cluster) if cluster else []
     with training.open_session(
         graph, devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads,
         cluster, FLAGS.cluster_timeout) as session, SignalCatcher() as signals:
-      watch = Watch(session, signals, checkpoints, m.input, sampler,
+      watch = Watch(session, signals, run_state, m.input, sampler,
                     FLAGS.save_every_steps, cluster)
-      first_epoch, start = checkpoints.initialize(session)
+      first_epoch, start = run_state.initialize(session)
       # Start-up is over; the library code it ran need not stay resident.
       monitor.release_library_pages()
-      epochs = training.EpochLog(summary, checkpoints, watch, config.num_steps,
+      epochs = training.EpochLog(summary, run_state, watch, config.num_steps,
                                  replica[1])
       with training.summarize_failures(summary, watch.where, cluster,
                                        FLAGS.cluster_timeout):
@@ -581,12 +581,12 @@ def main(_):
         print("Test Perplexity: %.3f" % test_perplexity)
         summary.fields["test_perplexity"] = float(test_perplexity)
       training.print_peak_memory(devices)
-      if checkpoints.saving and checkpoints.write(session):
+      if run_state.saving and run_state.write(session):
         print("Saving model to %s." % FLAGS.save_path)
       session.run(done)  # a cluster's ps tasks wait for every worker's
       epochs.close()
       with training.summarize_failures(summary, watch.where):
-        checkpoints.check_saved()
+        run_state.check_saved()
       summary.publish("finished")
 
 

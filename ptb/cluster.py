@@ -369,7 +369,7 @@ def done_ops(cluster):
       cluster.task_index) for i in range(len(cluster.ps_hosts))]
 
 
-def ps_task_done(cluster, timeout, save_every_steps):
+def serve_if_ps(cluster, timeout, save_every_steps):
   """Runs this process's ps task to its end, if it is one.
 
   Returns:

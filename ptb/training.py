@@ -2,9 +2,9 @@
 
 main builds the models, opens the session and runs the epochs itself; this
 module gives it the rest as small helpers: where a run resumes, the
-learning rate, the graph's placement and the session of a cluster, the
-memory log, the run's checkpoints (Checkpoints), what each finished epoch
-records (EpochLog), and how a failure ends the summary. What happens at
+graph's placement and the session of a cluster, the memory log, the run's
+progress and checkpoints (RunState), what each finished epoch records
+(EpochLog), and how a failure ends the summary. What happens at
 every session call is in ptb/watch.py. Nothing here reads flags, and
 nothing calls back into ptb_word_lm.
 """
@@ -106,7 +106,7 @@ def open_session(graph, devices, intra_op_threads, inter_op_threads,
                                     cluster_timeout)
 
 
-class Checkpoints(object):
+class RunState(object):
   """A run's progress variables, its start and its checkpoints.
 
   Built in the run's graph after the models. Every checkpoint carries the
@@ -343,7 +343,7 @@ class EpochLog(object):
 
     Args:
       summary: the run's summary.Summary.
-      checkpoints: the run's Checkpoints, initialised (a refused
+      checkpoints: the run's RunState, initialised (a refused
         checkpoint leaves the directory exactly as it was).
       watch: the run's watch.Watch, which timed the passes.
       num_steps: the training config's num_steps (the scalars' losses are

@@ -81,7 +81,7 @@ class Watch(object):
     Args:
       session: the run's session.
       signals: the run's SignalCatcher.
-      checkpoints: the run's training.Checkpoints.
+      checkpoints: the run's training.RunState.
       train_input: the training model's PTBInput.
       sampler: the monitor.MemorySampler of --memory_log, or None.
       save_every_steps: save every this many training calls; 0 never.

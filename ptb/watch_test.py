@@ -17,8 +17,8 @@ from ptb.errors import Stop
 from ptb.errors import UserError
 
 
-class FakeCheckpoints(object):
-  """training.Checkpoints' part that a Watch uses; records the saves."""
+class FakeRunState(object):
+  """training.RunState' part that a Watch uses; records the saves."""
 
   def __init__(self, save_path=None):
     self.save_path = save_path
@@ -60,7 +60,7 @@ class WatchTest(tf.test.TestCase):
                            save_every_steps=save_every_steps, cluster=cluster)
 
   def testWhereFollowsThePasses(self):
-    watch = self.watch(FakeCheckpoints())
+    watch = self.watch(FakeRunState())
     self.assertEqual(watch.where, watch_lib.Where())
     on_step = watch.begin("train", 2, start=(4, 10.0))
     self.assertEqual(watch.where, watch_lib.Where("train", 2, 0, 10.0))
@@ -72,7 +72,7 @@ class WatchTest(tf.test.TestCase):
     self.assertEqual(watch.where, watch_lib.Where("valid", 2, 0, 0.0, 16.0))
 
   def testLibraryPagesAfterEachPhasesFirstCall(self):
-    watch = self.watch(FakeCheckpoints())
+    watch = self.watch(FakeRunState())
     for epoch in (1, 2):
       for phase in ("train", "valid"):
         on_step = watch.begin(phase, epoch)
@@ -81,7 +81,7 @@ class WatchTest(tf.test.TestCase):
     self.assertEqual(self.release.call_count, 2)
 
   def testTrainingSpeedIsOfTheCallsOfThisProcess(self):
-    watch = self.watch(FakeCheckpoints())
+    watch = self.watch(FakeRunState())
     # The clock at the pass's start, then after each call.
     with mock.patch.object(watch_lib.time, "time",
                            side_effect=[100.0, 100.5, 101.0, 101.5, 102.0]):
@@ -93,7 +93,7 @@ class WatchTest(tf.test.TestCase):
     self.assertEqual(watch.train_wps(), 4 * 4 * 2 * 5 / 2.0)
 
   def testADivergedCostStopsAndASoundOneConfirms(self):
-    checkpoints = FakeCheckpoints()
+    checkpoints = FakeRunState()
     watch = self.watch(checkpoints)
     on_step = watch.begin("train", 3)
     # 5 steps a call: up to 1000 nats a word is sound, above has diverged.
@@ -111,7 +111,7 @@ class WatchTest(tf.test.TestCase):
     self.assertEqual(checkpoints.confirmed, 1)
 
   def testSavesEveryStepsOfTraining(self):
-    checkpoints = FakeCheckpoints("S")
+    checkpoints = FakeRunState("S")
     watch = self.watch(checkpoints, save_every_steps=4)
     on_step = watch.begin("train", 2)
     for step in range(10):
@@ -122,7 +122,7 @@ class WatchTest(tf.test.TestCase):
     self.assertEqual(checkpoints.saves, [(1, 4, 4.0), (1, 8, 8.0)])
 
   def testASignalSavesWhereTheRunResumes(self):
-    checkpoints = FakeCheckpoints("S")
+    checkpoints = FakeRunState("S")
     watch = self.watch(checkpoints)
     on_step = watch.begin("train", 1)
     on_step(0, 1.0, 1.0)
@@ -148,7 +148,7 @@ class WatchTest(tf.test.TestCase):
         Stop, r"^interrupted by SIGINT in the test pass of epoch 4 at step 0 "
         r"\(nothing saved: without --save_path a run cannot be resumed; add "
         r"--save_path=DIR to make the next run resumable\)$"):
-      self.watch(FakeCheckpoints()).begin("test", 4)(0, 1.0, 1.0)
+      self.watch(FakeRunState()).begin("test", 4)(0, 1.0, 1.0)
 
 
 if __name__ == "__main__":
