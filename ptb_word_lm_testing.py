@@ -100,6 +100,12 @@ def run_in_process(args, run_epoch=None):
   return out.getvalue(), err.getvalue(), stop
 
 
+def without_plan(err):
+  """A run's stderr without its `Plan: ...` line (plan_test checks that)."""
+  return "".join(line for line in err.splitlines(keepends=True)
+                 if not line.startswith("Plan: "))
+
+
 def interrupting(step, signum=signal.SIGTERM):
   """ptb_word_lm.run_epoch that sends `signum` after training step `step`.
 
