@@ -34,6 +34,17 @@ lines, `Epoch: 1 Train Perplexity: X`, `Epoch: 1 Valid Perplexity: X`),
 then `Test Perplexity: X`. With `--save_path=DIR` the model is saved after
 every epoch (DIR/torch_peer.pt), and the same command run again resumes
 after the last saved epoch: a curve of many epochs need not run in one go.
+
+With `--bf16`, in either mode, mixed precision as the shared peer
+(../shared/bench/torch_peer.py) runs it: each window's forward pass and
+cost, in training and evaluation, under torch.autocast("cpu",
+dtype=torch.bfloat16), so the LSTM's and the softmax's products take
+bfloat16 operands; the weights, their gradients and the update stay
+float32. The speed line then reads `model=small bf16 torch=V ...`. oneDNN,
+which runs nn.LSTM, builds a bfloat16 LSTM only on CPUs with the
+instructions for it (AVX-512 ones, not AVX2 ones); elsewhere the run ends
+before reading the corpus, with oneDNN's reason, where the shared peer's
+first step ends in a traceback.
 """
 
 import argparse
@@ -168,19 +179,35 @@ def windows(ids, batch_size, num_steps):
                for a in (x, y))
 
 
-def cost_of(model, inputs, targets, state):
+def cost_of(model, inputs, targets, state, bf16=False):
   """The tutorial's cost of one window.
+
+  Args:
+    model: a PTBModel.
+    inputs, targets: int64 `[steps, batch]`.
+    state: the state to start from, (h, c) `[layers, batch, hidden]`.
+    bf16: run the window under bfloat16 autocast (see the module's doc).
 
   Returns:
     (cost, embeddings, final state): the cost is the sum over the steps of
-    the batch-averaged cross-entropy, a scalar tensor.
+    the batch-averaged cross-entropy, a scalar tensor; the state float32.
   """
-  logits, embedded, state = model(inputs, state)
-  cost = F.cross_entropy(logits, targets.reshape(-1), reduction="sum")
-  return cost / inputs.shape[1], embedded, state
+  # As the shared peer: the forward pass and the cost under autocast, the
+  # logits back in float32 for the cross-entropy, whose log-sum-exp over
+  # the vocabulary would lose the small probabilities in bfloat16. Autocast
+  # leaves the embedding lookup float32; the LSTM's and the softmax's
+  # products take bfloat16 operands.
+  with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    logits, embedded, state = model(inputs, state)
+    cost = F.cross_entropy(logits.float(), targets.reshape(-1),
+                           reduction="sum")
+  # Under autocast the LSTM returns its state in bfloat16; the next window
+  # starts from it in float32, as the shared peer's does (a no-op without).
+  return cost / inputs.shape[1], embedded, tuple(s.float() for s in state)
 
 
-def train_step(model, inputs, targets, state, lr, max_grad_norm):
+def train_step(model, inputs, targets, state, lr, max_grad_norm,
+               bf16=False):
   """One step of the tutorial's training on one window.
 
   The gradients are clipped to the global norm `max_grad_norm`, as
@@ -192,6 +219,8 @@ def train_step(model, inputs, targets, state, lr, max_grad_norm):
     state: the state to start from, (h, c) `[layers, batch, hidden]`.
     lr: the epoch's learning rate.
     max_grad_norm: the clipping norm.
+    bf16: the forward pass under bfloat16 autocast; the backward pass
+      follows its dtypes, the gradients and the update are float32.
 
   Returns:
     (cost, the gradients' global norm before clipping, the final state
@@ -200,7 +229,7 @@ def train_step(model, inputs, targets, state, lr, max_grad_norm):
   params = [p for p in model.parameters() if p.requires_grad]
   for p in params:
     p.grad = None
-  cost, embedded, state = cost_of(model, inputs, targets, state)
+  cost, embedded, state = cost_of(model, inputs, targets, state, bf16)
   embedded.retain_grad()
   cost.backward()
   # The tutorial's norm counts the embedding's gradient as tf.gradients
@@ -219,7 +248,7 @@ def train_step(model, inputs, targets, state, lr, max_grad_norm):
 
 
 def run_epoch(model, inputs, targets, lr=None, max_grad_norm=None,
-              verbose=False):
+              verbose=False, bf16=False):
   """One pass over the windows, from a zero state carried between them.
 
   Args:
@@ -228,6 +257,7 @@ def run_epoch(model, inputs, targets, lr=None, max_grad_norm=None,
     lr: the learning rate to train with; None evaluates (no dropout).
     max_grad_norm: the clipping norm, when training.
     verbose: print ptb_word_lm.py's progress line about ten times.
+    bf16: each window under bfloat16 autocast, training or evaluating.
 
   Returns:
     The pass's perplexity.
@@ -242,9 +272,10 @@ def run_epoch(model, inputs, targets, lr=None, max_grad_norm=None,
     for step in range(epoch_size):
       if training:
         cost, _, state = train_step(model, inputs[step], targets[step], state,
-                                    lr, max_grad_norm)
+                                    lr, max_grad_norm, bf16=bf16)
       else:
-        cost, _, state = cost_of(model, inputs[step], targets[step], state)
+        cost, _, state = cost_of(model, inputs[step], targets[step], state,
+                                 bf16)
         cost = cost.item()
       costs += cost
       if verbose and step % every == 10 % every:
@@ -262,17 +293,18 @@ def _curve_fields(config):
           if k not in ("rnn_mode", "max_max_epoch")}
 
 
-def save_epoch(path, model, config, epoch):
+def save_epoch(path, model, config, epoch, bf16=False):
   """Saves the model after `epoch` epochs, with torch's random state.
 
   Each pass starts from a zero state, so the weights, the epoch and the
-  dropout's random state are all a resume needs. The file is replaced
-  whole (written beside it, then renamed).
+  dropout's random state are all a resume needs; with them goes whether
+  the curve ran under --bf16, so that a resume keeps its precision. The
+  file is replaced whole (written beside it, then renamed).
   """
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   torch.save({"epoch": epoch, "config": _curve_fields(config),
-              "model": model.state_dict(), "rng": torch.get_rng_state()},
-             path + ".tmp")
+              "model": model.state_dict(), "rng": torch.get_rng_state(),
+              "bf16": bf16}, path + ".tmp")
   os.replace(path + ".tmp", path)
 
 
@@ -299,13 +331,14 @@ def _load_save(path):
   return saved
 
 
-def load_epoch(path, model, config):
+def load_epoch(path, model, config, bf16=False):
   """Loads what save_epoch saved into `model`; returns the epochs done.
 
   Returns 0 where there is no file.
 
   Raises:
-    UserError: the file was saved with another config, or is no save.
+    UserError: the file was saved with another config or the other
+      precision (`bf16` is this run's --bf16), or is no save.
   """
   if not os.path.exists(path):
     return 0
@@ -313,13 +346,19 @@ def load_epoch(path, model, config):
   if saved["config"] != _curve_fields(config):
     raise UserError("%s was saved with another config: %s; use another "
                     "--save_path" % (path, saved["config"]))
+  # Saves written before --bf16 existed lack the field: they are float32.
+  if saved.get("bf16", False) != bf16:
+    raise UserError("%s was saved by a curve %s --bf16; resume it %s, or use "
+                    "another --save_path" % ((path,) + (
+                        ("with", "with it") if saved.get("bf16", False)
+                        else ("without", "without it"))))
   model.load_state_dict(saved["model"])
   torch.set_rng_state(saved["rng"])
   print("Resuming from epoch %d of %s" % (saved["epoch"], path), flush=True)
   return saved["epoch"]
 
 
-def train_epochs(model, config, data, epochs, save_path=None):
+def train_epochs(model, config, data, epochs, save_path=None, bf16=False):
   """Trains `epochs` epochs and tests, printing ptb_word_lm.py's lines.
 
   Args:
@@ -329,29 +368,32 @@ def train_epochs(model, config, data, epochs, save_path=None):
     epochs: how many epochs.
     save_path: a directory to save the model in after each epoch, and to
       resume from; None saves nothing.
+    bf16: every pass, the training's and the evaluations', under bfloat16
+      autocast.
   """
   train, valid = (windows(ids, config.batch_size, config.num_steps)
                   for ids in data[:2])
   path = save_path and os.path.join(save_path, "torch_peer.pt")
-  done = load_epoch(path, model, config) if path else 0
+  done = load_epoch(path, model, config, bf16) if path else 0
   for epoch in range(done, epochs):
     lr = epoch_learning_rate(config, epoch)
     print("Epoch: %d Learning rate: %.3f" % (epoch + 1, lr), flush=True)
-    perplexity = run_epoch(model, *train, lr, config.max_grad_norm, True)
+    perplexity = run_epoch(model, *train, lr, config.max_grad_norm, True,
+                           bf16=bf16)
     print("Epoch: %d Train Perplexity: %.3f" % (epoch + 1, perplexity))
-    print("Epoch: %d Valid Perplexity: %.3f" % (epoch + 1,
-                                                run_epoch(model, *valid)),
-          flush=True)
+    print("Epoch: %d Valid Perplexity: %.3f" % (
+        epoch + 1, run_epoch(model, *valid, bf16=bf16)), flush=True)
     if path:
-      save_epoch(path, model, config, epoch + 1)
-  print("Test Perplexity: %.3f" % run_epoch(model, *windows(data[2], 1, 1)))
+      save_epoch(path, model, config, epoch + 1, bf16)
+  print("Test Perplexity: %.3f" % run_epoch(model, *windows(data[2], 1, 1),
+                                            bf16=bf16))
 
 
-def measure_speed(model, config, train_ids, steps, warmup):
+def measure_speed(model, config, train_ids, steps, warmup, bf16=False):
   """Times `steps` training steps after `warmup` untimed ones.
 
   The steps take the training windows in order, the state carried, from
-  zeros at the start of each pass.
+  zeros at the start of each pass; with `bf16` under bfloat16 autocast.
 
   Returns:
     (words per second, seconds, the last step's cost per word, page faults
@@ -369,11 +411,32 @@ def measure_speed(model, config, train_ids, steps, warmup):
     if window == 0:
       state = model.zero_state(config.batch_size)
     cost, _, state = train_step(model, inputs[window], targets[window], state,
-                                lr, config.max_grad_norm)
+                                lr, config.max_grad_norm, bf16=bf16)
   seconds = time.perf_counter() - start
   faults = monitor.page_faults() - faults
   words = steps * config.batch_size * config.num_steps
   return words / seconds, seconds, cost / config.num_steps, faults / steps
+
+
+def bf16_lstm_failure():
+  """Why nn.LSTM cannot train under bfloat16 autocast here, or None.
+
+  Autocast hands oneDNN's LSTM bfloat16 operands, and oneDNN builds that
+  LSTM only on CPUs with the instructions for it; elsewhere the first step
+  would end in a traceback. A one-unit LSTM, one step with gradients as in
+  training, tells before any data is read. torch's random state is kept.
+
+  Returns:
+    None where it runs, else the first sentence of torch's error.
+  """
+  with torch.random.fork_rng(devices=[]):
+    lstm = nn.LSTM(1, 1)
+  try:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+      lstm(torch.zeros(1, 1, 1))
+  except RuntimeError as e:
+    return " ".join(str(e).split()).split(". ")[0]
+  return None
 
 
 # The numeric flags' ranges (see config.FLAG_RANGES); torch takes seeds
@@ -390,11 +453,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv):
-  """The command line `argv`, checked: ranges, and the --save_path.
+  """The command line `argv`, checked: ranges, --save_path and --bf16.
 
   Raises:
-    UserError: a flag that does not parse or is out of its range, or a
-      --save_path that cannot be written.
+    UserError: a flag that does not parse or is out of its range, a
+      --save_path that cannot be written, or --bf16 on a CPU whose oneDNN
+      has no bfloat16 LSTM.
   """
   parser = _Parser(prog="torch_peer.py",
                    description=__doc__.split("\n\n")[0])
@@ -418,11 +482,21 @@ def parse_args(argv):
   parser.add_argument("--config_overrides", default="",
                       help="field=value,... over the config, as in "
                       "ptb_word_lm.py")
+  parser.add_argument("--bf16", action="store_true",
+                      help="mixed precision, as the shared peer: each "
+                      "window's forward pass and cost under "
+                      "torch.autocast('cpu', dtype=torch.bfloat16), float32 "
+                      "weights and update")
   args = parser.parse_args(argv)
   config_lib.check_flag_ranges({name: getattr(args, name)
                                 for name in _FLAG_RANGES}, _FLAG_RANGES)
   if args.epochs and args.save_path:
     outputs.check_directory("save_path", args.save_path)
+  failure = args.bf16 and bf16_lstm_failure()
+  if failure:
+    raise UserError("--bf16: nn.LSTM cannot run under bfloat16 autocast on "
+                    "this CPU, whose oneDNN builds no bfloat16 LSTM (%s)"
+                    % failure)
   return args
 
 
@@ -438,15 +512,18 @@ def main(argv=None):
   torch.manual_seed(args.seed)
   model = PTBModel(config)
   if args.epochs:
-    train_epochs(model, config, data, args.epochs, args.save_path)
+    train_epochs(model, config, data, args.epochs, args.save_path, args.bf16)
     return
   wps, seconds, loss, faults = measure_speed(model, config, data[0],
-                                             args.steps, args.warmup)
-  print("model=%s%s torch=%s threads=%d steps=%d seconds=%.2f last_loss=%.3f "
-        "peak_rss_mib=%.0f page_faults_per_step=%.0f" % (
+                                             args.steps, args.warmup,
+                                             args.bf16)
+  # The shared peer's line: " bf16" after the model and its overrides.
+  print("model=%s%s%s torch=%s threads=%d steps=%d seconds=%.2f "
+        "last_loss=%.3f peak_rss_mib=%.0f page_faults_per_step=%.0f" % (
             args.model, " " + args.config_overrides if args.config_overrides
-            else "", torch.__version__, torch.get_num_threads(), args.steps,
-            seconds, loss, monitor.peak_rss_mib(), faults))
+            else "", " bf16" if args.bf16 else "", torch.__version__,
+            torch.get_num_threads(), args.steps, seconds, loss,
+            monitor.peak_rss_mib(), faults))
   print("wps: %.0f" % wps)
 
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import unittest
 from unittest import mock
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -96,8 +97,8 @@ def recording_train_step():
   """
   real, calls = torch_peer.train_step, []
 
-  def train_step(*args):
-    result = real(*args)
+  def train_step(*args, **kwargs):
+    result = real(*args, **kwargs)
     calls.append((args[4],) + result[:2])
     return result
 
@@ -249,6 +250,111 @@ class LearningRateScheduleTest(OneThreadTestCase):
                      [r for r in rates for _ in range(epoch_size)])
 
 
+def autocast_lstm_runs():
+  """A context in which nn.LSTM runs under bfloat16 autocast on this CPU.
+
+  Where oneDNN builds no bfloat16 LSTM (an AVX2 CPU), oneDNN is switched
+  off: nn.LSTM then runs as torch's own cell, whose gate products autocast
+  takes to bfloat16 as well. What these tests check is where the peer puts
+  autocast, which both kernels show.
+  """
+  context = contextlib.ExitStack()
+  if torch_peer.bf16_lstm_failure() is not None:
+    # Setting oneDNN's flags warns, on entry and exit, of a TF32 mode for
+    # Intel GPUs, which has nothing to do with these tests.
+    context.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", "TF32 acceleration", UserWarning)
+    context.enter_context(torch.backends.mkldnn.flags(enabled=False))
+  return context
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class Bf16Test(OneThreadTestCase):
+  """--bf16: the forward pass under bfloat16 autocast, the update float32."""
+
+  def testAStepIsTheFloat32StepToBfloat16sPrecision(self):
+    config = TinyConfig()  # 2 layers, hidden 8, batch 4, 5 steps, 30 words
+    torch.manual_seed(3)
+    start = torch_peer.PTBModel(config)
+    models = {bf16: copy.deepcopy(start) for bf16 in (False, True)}
+    rng = np.random.RandomState(7)
+    x, y = (torch.from_numpy(rng.randint(
+        0, config.vocab_size, (config.num_steps, config.batch_size)))
+            for _ in range(2))
+    steps = {}
+    with autocast_lstm_runs():
+      for bf16, model in models.items():
+        model.train()
+        steps[bf16] = torch_peer.train_step(
+            model, x, y, model.zero_state(config.batch_size), 1.0,
+            config.max_grad_norm, bf16=bf16)
+    (cost32, norm32, state32), (cost16, norm16, state16) = (
+        steps[False], steps[True])
+    # Near the float32 step, but not it: autocast ran.
+    self.assertNotEqual(cost16, cost32)
+    self.assertAllClose(cost16, cost32, rtol=2e-2)
+    self.assertAllClose(norm16, norm32, rtol=5e-2)
+    # The LSTM's products too, not only the softmax's: its state moved.
+    for s16, s32 in zip(state16, state32):
+      self.assertEqual(s16.dtype, torch.float32)
+      self.assertNotAllEqual(s16.numpy(), s32.numpy())
+      self.assertAllClose(s16.numpy(), s32.numpy(), atol=2e-2)
+    # The weights and their gradients stay float32; each weight's update is
+    # float32's to bfloat16's precision (the norm of the difference).
+    for (name, p0), p16, p32 in zip(start.named_parameters(),
+                                    models[True].parameters(),
+                                    models[False].parameters()):
+      self.assertEqual(p16.dtype, torch.float32, name)
+      if p16.requires_grad:
+        self.assertEqual(p16.grad.dtype, torch.float32, name)
+        update16, update32 = (p.detach() - p0.detach() for p in (p16, p32))
+        self.assertLess(float(torch.linalg.norm(update16 - update32)),
+                        2e-2 * float(torch.linalg.norm(update32)), name)
+
+  def testFlagReachesEveryPassAndTheSpeedLine(self):
+    real, flags = torch_peer.cost_of, []
+
+    def cost_of(*args):
+      flags.append(args[4])
+      return real(*args)
+
+    with tempfile.TemporaryDirectory() as tmp, autocast_lstm_runs(), \
+        mock.patch.object(torch_peer, "bf16_lstm_failure",
+                          return_value=None), \
+        mock.patch.object(torch_peer, "cost_of", cost_of):
+      args = ["--data_path=" + make_corpus(tmp, train_lines=100),
+              "--model=test", "--config_overrides=vocab_size=31", "--bf16"]
+      curve = run_main(*args, "--epochs=1").splitlines()
+      speed = run_main(*args, "--steps=2", "--warmup=1").splitlines()
+    # Training, valid and test passes, and the speed's steps, all under it.
+    self.assertGreater(len(flags), 3)
+    self.assertEqual(set(flags), {True})
+    # The curve's lines are ptb_word_lm.py's, as the shared peer's are.
+    for line in curve[1:]:
+      self.assertTrue(any(re.fullmatch(f, line) for f in LINE_FORMATS), line)
+    self.assertRegex(curve[-1], r"^Test Perplexity: \d")
+    self.assertRegex(speed[-2], r"^model=test vocab_size=31 bf16 torch=\S+ "
+                     r"threads=1 steps=2 seconds=")
+    self.assertRegex(speed[-1], r"^wps: \d+$")
+
+  def testTheProbeTellsWhetherTheLSTMRuns(self):
+    """bf16_lstm_failure agrees with a real --bf16 step, with oneDNN on."""
+    config = TinyConfig()
+    model = torch_peer.PTBModel(config)
+    windows = torch_peer.windows(np.arange(41) % config.vocab_size,
+                                 config.batch_size, config.num_steps)
+    failure = torch_peer.bf16_lstm_failure()
+    try:
+      torch_peer.train_step(model, windows[0][0], windows[1][0],
+                            model.zero_state(config.batch_size), 1.0,
+                            config.max_grad_norm, bf16=True)
+    except RuntimeError as e:
+      self.assertIsNotNone(failure, e)
+      self.assertIn(failure, " ".join(str(e).split()))
+    else:
+      self.assertIsNone(failure)
+
+
 def run_main(*args):
   """Runs torch_peer.main with the command line `args` here; returns stdout."""
   out = io.StringIO()
@@ -304,6 +410,12 @@ class MainTest(OneThreadTestCase):
       with self.assertRaisesRegex(UserError, "saved with another config"):
         run_main(args[0], args[1], args[2].replace("0.5", "0.4"),
                  "--epochs=3", "--save_path=" + save)
+      # A float32 curve goes on in float32 only.
+      with mock.patch.object(torch_peer, "bf16_lstm_failure",
+                             return_value=None), \
+          self.assertRaisesRegex(UserError, "saved by a curve without "
+                                 "--bf16; resume it without it"):
+        run_main(*args, "--epochs=3", "--bf16", "--save_path=" + save)
     self.assertIn("Resuming from epoch 1 of %s\n"
                   % os.path.join(save, "torch_peer.pt"), resumed)
     self.assertLen(curve(whole), 2 * curve(whole).index(
@@ -406,6 +518,14 @@ class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
           functools.partial(torch_peer.run, args), ["torch_peer.py"] + args)
     self.assertFalse(step.called, "trained first")
     return result
+
+  def testBf16WhereOneDNNHasNoBfloat16LSTM(self):
+    with mock.patch.object(torch_peer, "bf16_lstm_failure",
+                           return_value="could not create a primitive"):
+      testing.assert_each_refused(self, "torch_peer.py", [
+          (["--bf16"], "--bf16: nn.LSTM cannot run under bfloat16 autocast "
+           "on this CPU, whose oneDNN builds no bfloat16 LSTM (could not "
+           "create a primitive)", 1)], self._run)
 
   def testEachEndsInOneLineBeforeAnyStep(self):
     gzipped = testing.make_gzipped_corpus(os.path.join(self.tmp, "gzipped"))
