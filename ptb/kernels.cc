@@ -4,7 +4,9 @@
 // over the logits (SoftmaxCrossEntropy), the SGD update by a gradient of
 // few rows x^T @ g applied in place (ApplyOuterProduct), and the machine's
 // limits for benchmark.py: the FMA units' peak (FmaPeak) and the memory
-// bandwidth (StreamTriad). kernels.py says why and builds them.
+// bandwidth (StreamTriad); and the bfloat16 products' peak (Bf16Peak:
+// VDPBF16PS or AMX tiles, outside the two widths, below them). kernels.py
+// says why and builds them.
 //
 // PackPanels copies the weight matrix once per training step into panels of
 // 32 columns, each [K, 32] contiguous; PanelMatMul then reads each panel as
@@ -29,15 +31,20 @@
 // has) and refuse one that the CPU cannot run.
 #ifndef PTB_KERNELS_BODY
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -72,6 +79,7 @@ using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
 using CellRowFn = void (*)(const float* gates, const float* cs_prev,
                            int64_t hidden, float* const* out);
 using FmaChainsFn = float (*)(int64_t iterations);
+using Bf16ChainsFn = float (*)(int64_t iterations);  // Bf16Peak's
 using TriadFn = void (*)(const float* b, const float* c, float* a, int64_t n);
 using OuterBlockFn = void (*)(const float* x, int64_t M, int64_t K,
                               const float* g, int64_t N, float alpha,
@@ -264,6 +272,153 @@ struct V {
 
 #undef PTB_KERNELS_BODY
 
+// Bf16Peak's kernels, one per unit, each in a target region of its own as
+// the widths are, so that the library compiles and loads on any x86-64 CPU
+// (the op runs a unit only where CpuBf16Units finds it). They are not
+// written over V: neither is a vector width of the kernels above.
+//
+// FLOPs are counted as FmaPeak counts them: a multiply and an add for every
+// product, 2 FLOPs a product (an FMA lane is one product, 2 FLOPs).
+// VDPBF16PS adds to each of its 16 float lanes the two products of a pair
+// of bfloat16s: 32 products, 64 FLOPs. TDPBF16PS on full tiles (16 rows of
+// 64 bytes) adds to each of the 16 x 16 floats of its accumulator a row of
+// 16 pairs (32 bfloat16s) times a column of as many: 16 x 16 x 32 products,
+// 16,384 FLOPs (Intel's pseudocode: the accumulator's rows x its colsb / 4
+// floats x the source's colsb / 4 pairs x 2).
+//
+// Every bfloat16 operand is 2^-10 (0x3A80, the top half of the float), so
+// every product is 2^-20: over a test's few iterations the sums are exact,
+// and over a long run they grow until what they add is half an ulp or less
+// and stay there: finite, and never denormal (both instructions flush
+// denormals to zero).
+namespace tensorflow {
+namespace {
+constexpr uint16_t kBf16Operand = 0x3A80;
+}  // namespace
+}  // namespace tensorflow
+
+#pragma GCC push_options
+#pragma GCC target("avx512bf16,avx512f")
+namespace tensorflow {
+namespace {
+namespace bf16_avx512 {
+
+// Independent chains, as many as FmaPeak's AVX-512 width runs: enough
+// wherever VDPBF16PS's units and latency are like the FMA's, and with the
+// operand fewer than the 32 registers.
+constexpr int kChains = 16;
+constexpr int kLanes = 16;
+constexpr double kFlopsPerIteration = 2.0 * 2 * kLanes * kChains;
+
+// Bf16Peak's work on one thread with VDPBF16PS: `iterations` rounds of
+// kChains chains acc += x . x (a pair of products a lane), in registers; a
+// Bf16ChainsFn. Chain i starts at i / 1024 in every lane. Returns the sum of
+// all lanes, which the op reports, so that no chain can be dropped.
+float DotChains(int64_t iterations) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(i / 1024.0f);
+  __m512i pairs = _mm512_set1_epi32(static_cast<int>(
+      (uint32_t{kBf16Operand} << 16) | kBf16Operand));
+  // The operand's value hidden from the compiler, which then cannot work
+  // out the chains itself.
+  __asm__("" : "+v"(pairs));
+  const __m512bh x = reinterpret_cast<__m512bh>(pairs);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, x);
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int i = 0; i < kChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  return _mm512_reduce_add_ps(sum);
+}
+
+}  // namespace bf16_avx512
+}  // namespace
+}  // namespace tensorflow
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16")
+namespace tensorflow {
+namespace {
+namespace amx {
+
+// LDTILECFG's 64 bytes: palette 1 (tiles of at most 16 rows of 64 bytes),
+// start_row 0, then each tile's bytes a row (colsb) and rows; tiles 8 to 15
+// and the reserved bytes must be zero.
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+
+constexpr int kTileRows = 16;
+constexpr int kTileBytes = 64;  // a row: 16 floats, or 32 bfloat16s
+// Accumulators tmm0-3, sources tmm4-7 (two left, two right factors, as a
+// GEMM's 2 x 2 block of tiles): four independent chains, so that a
+// TDPBF16PS need not wait for the result of the one before it.
+constexpr int kAccumulators = 4;
+constexpr double kFlopsPerIteration =
+    2.0 * kAccumulators * kTileRows * (kTileBytes / 4) * (kTileBytes / 2);
+
+// The tile instructions are asm statements that do not tell the compiler
+// what memory they read (_tile_loadconfig names 8 of the configuration's 64
+// bytes, _tile_loadd none): this makes the stores to p's object happen
+// before them.
+void Publish(const void* p) { __asm__ volatile("" : : "r"(p) : "memory"); }
+
+// Bf16Peak's work on one thread with AMX: configures the tiles (a thread's
+// own state), loads the sources, then `iterations` rounds of one TDPBF16PS
+// per accumulator; a Bf16ChainsFn. Returns the sum of the accumulators'
+// floats, and releases the tiles, which leaves the thread as it found it.
+// The process must have the kernel's permission for the tile data
+// (RequestTileData) before any thread runs this.
+float TileChains(int64_t iterations) {
+  TileConfig config = {};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = kTileBytes;
+    config.rows[t] = kTileRows;
+  }
+  alignas(64) uint16_t source[kTileRows * kTileBytes / 2];
+  std::fill(std::begin(source), std::end(source), kBf16Operand);
+  Publish(&config);
+  Publish(source);
+  _tile_loadconfig(&config);
+  _tile_loadd(4, source, kTileBytes);
+  _tile_loadd(5, source, kTileBytes);
+  _tile_loadd(6, source, kTileBytes);
+  _tile_loadd(7, source, kTileBytes);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t it = 0; it < iterations; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[kAccumulators][kTileRows * kTileBytes / 4];
+  _tile_stored(0, out[0], kTileBytes);
+  _tile_stored(1, out[1], kTileBytes);
+  _tile_stored(2, out[2], kTileBytes);
+  _tile_stored(3, out[3], kTileBytes);
+  _tile_release();
+  float sum = 0.0f;
+  for (const auto& tile : out) {
+    for (float x : tile) sum += x;
+  }
+  return sum;
+}
+
+}  // namespace amx
+}  // namespace
+}  // namespace tensorflow
+#pragma GCC pop_options
+
 namespace tensorflow {
 namespace {
 
@@ -304,6 +459,118 @@ Status ChooseWidth(OpKernelConstruction* ctx, const char* op, bool* wide) {
     return errors::InvalidArgument(op, ": ", source, " is \"", isa,
                                    "\", not avx512 or avx2");
   }
+  return OkStatus();
+}
+
+// What CPUID and XCR0 say of Bf16Peak's units: the CPU's instructions
+// (cpu), and the OS's saving of their registers' state (os), without which
+// they fault. CPUID leaf 7 subleaf 0: EBX bit 16 AVX512F, EDX bit 22
+// AMX-BF16 and bit 24 AMX-TILE, EAX the last subleaf; subleaf 1: EAX bit 5
+// AVX512_BF16, read only where subleaf 0 says that subleaf 1 exists (some
+// CPUs answer an absent subleaf with subleaf 0's bits). XCR0, readable by
+// XGETBV where CPUID leaf 1 ECX bit 27 (OSXSAVE) says so: bits 1, 2 and 5
+// to 7 the SSE, AVX and AVX-512 state; 17 and 18 the tiles' configuration
+// and data.
+struct UnitSupport {
+  bool cpu = false;
+  bool os = false;
+};
+
+struct Bf16Units {
+  UnitSupport avx512_bf16;
+  UnitSupport amx;
+};
+
+__attribute__((target("xsave"))) uint64_t ReadXcr0() { return _xgetbv(0); }
+
+Bf16Units CpuBf16Units() {
+  Bf16Units units;
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return units;
+  const unsigned subleaves = eax, features = ebx, more = edx;
+  bool bf16 = false;
+  if (subleaves >= 1) {
+    __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx);
+    bf16 = (eax & bit_AVX512BF16) != 0;
+  }
+  units.avx512_bf16.cpu = bf16 && (features & bit_AVX512F) != 0;
+  units.amx.cpu = (more & bit_AMX_TILE) != 0 && (more & bit_AMX_BF16) != 0;
+  uint64_t xcr0 = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_OSXSAVE) != 0) {
+    xcr0 = ReadXcr0();
+  }
+  constexpr uint64_t kAvx512State = (1 << 1) | (1 << 2) | (7 << 5);
+  constexpr uint64_t kTileState = (1 << 17) | (1 << 18);
+  units.avx512_bf16.os = (xcr0 & kAvx512State) == kAvx512State;
+  units.amx.os = (xcr0 & kTileState) == kTileState;
+  return units;
+}
+
+// The kernel's permission for this process to use the AMX tile data (XSAVE
+// component 18): Linux saves those 8 KB of a thread only for processes that
+// asked, and kills one that uses the tiles unasked. The permission is the
+// whole process's, its threads' (the pool's) included; asking again is
+// harmless.
+Status RequestTileData() {
+#if defined(__linux__)
+  constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
+  if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) != 0) {
+    return errors::PermissionDenied(
+        "Bf16Peak: unit amx: the kernel refused this process the AMX tile "
+        "data (arch_prctl ARCH_REQ_XCOMP_PERM: ", std::strerror(errno), ")");
+  }
+  return OkStatus();
+#else
+  return errors::Unimplemented("Bf16Peak: unit amx runs on Linux only");
+#endif
+}
+
+// Bf16Peak's unit for its attribute `unit` (auto: amx where the CPU has
+// AMX-BF16, else avx512_bf16 where it has AVX512_BF16); an InvalidArgument
+// error, one line, where this CPU or its OS cannot run it.
+Status ChooseBf16Unit(const std::string& unit, const Bf16Units& units,
+                      std::string* chosen) {
+  std::string name = unit;
+  if (name == "auto") {
+    // A unit that the OS has not enabled is chosen only to say so.
+    if (units.amx.cpu && (units.amx.os || !units.avx512_bf16.cpu ||
+                          !units.avx512_bf16.os)) {
+      name = "amx";
+    } else if (units.avx512_bf16.cpu) {
+      name = "avx512_bf16";
+    } else {
+      return errors::InvalidArgument(
+          "Bf16Peak: unit auto needs a CPU with AMX-BF16 or AVX512_BF16 "
+          "(this one has neither)");
+    }
+  }
+  if (name == "amx") {
+    if (!units.amx.cpu) {
+      return errors::InvalidArgument(
+          "Bf16Peak: unit amx needs a CPU with AMX-BF16 (this one has none)");
+    }
+    if (!units.amx.os) {
+      return errors::InvalidArgument(
+          "Bf16Peak: unit amx needs the AMX tile state enabled by the OS "
+          "(XCR0 bits 17, 18), which this one has not");
+    }
+  } else if (name == "avx512_bf16") {
+    if (!units.avx512_bf16.cpu) {
+      return errors::InvalidArgument(
+          "Bf16Peak: unit avx512_bf16 needs a CPU with AVX512_BF16 (this one "
+          "has none)");
+    }
+    if (!units.avx512_bf16.os) {
+      return errors::InvalidArgument(
+          "Bf16Peak: unit avx512_bf16 needs the AVX-512 state enabled by the "
+          "OS (XCR0 bits 5 to 7), which this one has not");
+    }
+  } else {
+    return errors::InvalidArgument("Bf16Peak: unit is \"", unit,
+                                   "\", not auto, avx512_bf16 or amx");
+  }
+  *chosen = name;
   return OkStatus();
 }
 
@@ -645,6 +912,74 @@ class FmaPeakOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("FmaPeak").Device(DEVICE_CPU), FmaPeakOp);
+
+REGISTER_OP("Bf16Peak")
+    .Input("iterations: int64")
+    .Attr("unit: {'auto', 'avx512_bf16', 'amx'} = 'auto'")
+    .Output("flops: float64")
+    .Output("checksum: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The machine's bfloat16 product peak, to time, as FmaPeak times the
+float32 one: on every thread of the op's pool, `iterations` rounds of
+independent accumulations of bfloat16 products into float32, in registers
+or tiles only. The unit: avx512_bf16, 16 chains of VDPBF16PS (64 FLOPs
+each); amx, 4 accumulator tiles of TDPBF16PS on full 16 x 64-byte tiles
+(16,384 FLOPs each); auto, amx where the CPU has AMX-BF16, else avx512_bf16
+where it has AVX512_BF16. A unit that the CPU lacks is an InvalidArgument
+error. The outputs are flops, the floating-point operations done (2 per
+product, a multiply and an add) over all threads, and checksum, the
+accumulators' sum, so that none is optimised away.
+)doc");
+
+class Bf16PeakOp : public OpKernel {
+ public:
+  explicit Bf16PeakOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string unit, chosen;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("unit", &unit));
+    OP_REQUIRES_OK(ctx, ChooseBf16Unit(unit, CpuBf16Units(), &chosen));
+    if (chosen == "amx") {
+      OP_REQUIRES_OK(ctx, RequestTileData());
+      chains_ = &amx::TileChains;
+      flops_per_iteration_ = amx::kFlopsPerIteration;
+    } else {
+      chains_ = &bf16_avx512::DotChains;
+      flops_per_iteration_ = bf16_avx512::kFlopsPerIteration;
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int64_t iterations = ctx->input(0).scalar<int64_t>()();
+    OP_REQUIRES(ctx, iterations >= 0,
+                errors::InvalidArgument("iterations must be >= 0"));
+    const int threads =
+        ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
+    std::vector<float> sums(threads, 0.0f);
+    // As FmaPeak: one shard per thread, each far too costly to share.
+    Parallel(ctx, threads, int64_t{1} << 40, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) sums[t] = chains_(iterations);
+    });
+    Tensor* flops = nullptr;
+    Tensor* checksum = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &flops));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &checksum));
+    flops->scalar<double>()() =
+        static_cast<double>(iterations) * flops_per_iteration_ * threads;
+    float total = 0.0f;
+    for (float x : sums) total += x;
+    checksum->scalar<float>()() = total;
+  }
+
+ private:
+  Bf16ChainsFn chains_;
+  double flops_per_iteration_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Bf16Peak").Device(DEVICE_CPU), Bf16PeakOp);
 
 // The tensor of the float32 resource variable at input 0, ready to be
 // written in place: its buffer copied first if a read still holds it (as

@@ -27,6 +27,11 @@ FmaPeak and StreamTriad measure the machine rather than computing the
 model: independent FMA chains in registers on every thread, the float32
 peak, and STREAM's triad over arrays far larger than the caches, the
 memory bandwidth; benchmark.py reports the model's speed against both.
+Bf16Peak measures the bfloat16 products' peak as FmaPeak does the float32
+one (issue 46), outside the two widths: its attribute unit is avx512_bf16
+(VDPBF16PS chains), amx (TDPBF16PS on AMX tiles) or auto (amx, else
+avx512_bf16), and a unit that the CPU lacks is an error. `bf16_units()`
+says which units /proc/cpuinfo lists, without loading the library.
 
 The kernels are written once over the vector width and compiled for two:
 AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32
@@ -42,11 +47,12 @@ headers that the tensorflow wheel ships, and cached in $PTB_KERNEL_DIR
 (default ~/.cache/ptb_word_lm). The source is compiled without -mavx2 or
 -mavx512f, each width's functions carry their own target, so the library
 compiles and its ops register on any x86-64 CPU; every op but PackPanels
-(plain C++) runs vector code and refuses a width that the CPU cannot run.
+(plain C++) runs vector code and refuses a width (Bf16Peak: a unit) that
+the CPU cannot run.
 `load_library()` builds and loads the library, or raises; `load()` keeps
 it for the process, or returns None where it cannot be had.
 
-Nothing here reads flags, chooses a path or builds models.
+Nothing here reads the run's flags, chooses a path or builds models.
 """
 
 import hashlib
@@ -65,6 +71,10 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "kernels.cc")
 # Seconds a build may take (a build takes about 15 s on 2 cores).
 _BUILD_TIMEOUT = 600
+# Bf16Peak's units, in the order that its unit auto prefers them, each
+# with the /proc/cpuinfo flags that it needs.
+_BF16_UNIT_FLAGS = (("amx", ("amx_tile", "amx_bf16")),
+                    ("avx512_bf16", ("avx512_bf16",)))
 
 # The op library, once loaded (load()).
 _state = {"library": None}
@@ -73,6 +83,27 @@ _state = {"library": None}
 # second copy of the same library, from another directory, would come back
 # without the ops that the first registered.
 _libraries = {}
+
+
+def bf16_units(cpuinfo="/proc/cpuinfo"):
+  """Bf16Peak's units that the CPU lists, in auto's order of preference.
+
+  "amx" where the flags line of `cpuinfo` has both amx_tile and amx_bf16,
+  "avx512_bf16" where it has avx512_bf16; () if the file cannot be read.
+  Python can decide with it without loading the library; the op checks
+  CPUID and the OS's XCR0 itself.
+  """
+  flags = set()
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("flags"):
+          flags = set(line.split())
+          break
+  except OSError:
+    return ()
+  return tuple(unit for unit, needed in _BF16_UNIT_FLAGS
+               if all(flag in flags for flag in needed))
 
 
 def _compiler():
@@ -154,7 +185,7 @@ def load_library():
   Returns:
     The op library (a module with `pack_panels`, `panel_mat_mul`,
     `softmax_cross_entropy`, `lstm_cell`, `apply_outer_product`,
-    `fma_peak` and `stream_triad`).
+    `fma_peak`, `bf16_peak` and `stream_triad`).
 
   Raises:
     RuntimeError: the build failed (see `build()`).

@@ -37,7 +37,8 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
                "running these ops needs")
 _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
-        "apply_outer_product", "stream_triad", "lstm_cell")
+        "bf16_peak", "apply_outer_product", "stream_triad", "lstm_cell")
+_NO_BF16 = "no CPU with AVX512_BF16/AMX here"
 _read_flags = plan_lib._cpu_flags   # pylint: disable=protected-access
 _module = {}
 
@@ -276,6 +277,94 @@ class FmaPeakTest(tf.test.TestCase):
           x = (x.astype(np.float64) * m + a).astype(np.float32)
         self.assertAllClose(checksum, threads * lanes * x.sum(), rtol=1e-6)
         self.assertEqual(self.evaluate(kernels.fma_peak(0, isa=isa))[0], 0)
+
+
+def _cpuinfo(directory, flags):
+  """A cpuinfo file of two processors with these flags; returns its path."""
+  path = os.path.join(directory, "cpuinfo-%d" % len(os.listdir(directory)))
+  with open(path, "w") as f:
+    for processor in range(2):
+      f.write("processor\t: %d\nmodel name\t: a CPU\nflags\t\t: %s\n\n"
+              % (processor, flags))
+  return path
+
+
+class Bf16UnitsTest(tf.test.TestCase):
+
+  def testUnitsTheFlagsListInAutosOrder(self):
+    common = "fpu sse sse2 avx fma avx2 avx512f avx512bw"
+    with tempfile.TemporaryDirectory() as tmp:
+      for flags, units in (
+          # Sapphire Rapids: AMX and AVX512_BF16.
+          (common + " avx512_bf16 amx_bf16 amx_tile amx_int8",
+           ("amx", "avx512_bf16")),
+          # Zen 4: AVX512_BF16 without AMX.
+          (common + " avx512_bf16 avx512_vnni", ("avx512_bf16",)),
+          # AVX2 only (as Zen 2 and 3).
+          ("fpu sse sse2 avx fma avx2", ()),
+          # Half of AMX is none of it.
+          (common + " amx_tile", ())):
+        with self.subTest(units=units, flags=flags[-30:]):
+          self.assertEqual(kernels.bf16_units(_cpuinfo(tmp, flags)), units)
+      self.assertEqual(kernels.bf16_units(os.path.join(tmp, "missing")), ())
+
+
+class Bf16PeakTest(tf.test.TestCase):
+
+  # FLOPs of an iteration on one thread (2 a product), as kernels.cc counts
+  # them: 16 chains of VDPBF16PS (16 lanes x 2 products), and 4 accumulator
+  # tiles of TDPBF16PS (16 x 16 floats x 32 products).
+  _FLOPS = {"avx512_bf16": 16 * 16 * 2 * 2, "amx": 4 * 16 * 16 * 32 * 2}
+
+  def _expected_sum(self, unit, iterations):
+    """A thread's checksum: every product is 2^-10 x 2^-10, exactly."""
+    product = 2.0 ** -20
+    if unit == "avx512_bf16":
+      # Chain i starts at i / 1024 in its 16 lanes; 2 products an iteration.
+      starts = np.arange(16) / 1024.0
+      return 16 * np.sum(starts + iterations * 2 * product)
+    # 4 tiles of 16 x 16 floats from 0, 32 products an iteration.
+    return 4 * 16 * 16 * iterations * 32 * product
+
+  def testRefusesTheUnitsThisCpuLacks(self):
+    library = library_or_skip(self)
+    present = kernels.bf16_units()
+    refusals = {
+        "amx": "Bf16Peak: unit amx needs a CPU with AMX-BF16 "
+               r"\(this one has none\)",
+        "avx512_bf16": "Bf16Peak: unit avx512_bf16 needs a CPU with "
+                       r"AVX512_BF16 \(this one has none\)",
+        "auto": "Bf16Peak: unit auto needs a CPU with AMX-BF16 or "
+                r"AVX512_BF16 \(this one has neither\)"}
+    # auto refuses only where both are absent.
+    absent = [unit for unit in ("amx", "avx512_bf16") if unit not in present]
+    absent += [] if present else ["auto"]
+    if not absent:
+      self.skipTest("this CPU has every bfloat16 unit")
+    for unit in absent:
+      with self.subTest(unit=unit):
+        # The whole message, which holds no line break: one line.
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                    refusals[unit]):
+          self.evaluate(library.bf16_peak(3, unit=unit))
+
+  def testCountsTheFlopsOfTheUnitsThisCpuHas(self):
+    present = kernels.bf16_units()
+    if not present:
+      self.skipTest(_NO_BF16)
+    library = library_or_skip(self)
+    for unit in present + ("auto",):
+      with self.subTest(unit=unit):
+        runs = present[0] if unit == "auto" else unit
+        flops, checksum = self.evaluate(library.bf16_peak(3, unit=unit))
+        threads = flops / (3 * self._FLOPS[runs])
+        self.assertEqual(threads, int(threads))
+        self.assertGreaterEqual(threads, 1)
+        self.assertTrue(np.isfinite(checksum))
+        self.assertAllClose(checksum,
+                            threads * self._expected_sum(runs, 3), rtol=1e-6)
+        self.assertEqual(
+            self.evaluate(library.bf16_peak(0, unit=unit))[0], 0)
 
 
 def _xent_reference(logits, b, labels):
