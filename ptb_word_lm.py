@@ -58,6 +58,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
 
+from ptb import bfloat16
 from ptb import cluster as cluster_lib
 from ptb import config as config_lib
 from ptb import data as data_lib
@@ -236,7 +237,8 @@ class PTBModel(object):
   """
 
   def __init__(self, is_training, config, input_, devices=("/cpu:0",),
-               use_fp16=False, replica=(0, 1), carry_state=True, plan=None):
+               use_fp16=False, replica=(0, 1), carry_state=True, plan=None,
+               use_bf16=False):
     """Builds the model.
 
     Args:
@@ -252,13 +254,15 @@ class PTBModel(object):
       plan: this model's part of the run's plan (a plan.Step: its LSTM
         path, products, softmax loss and updates); None: the plan's
         choices for this input, devices and dtype here.
+      use_bf16: with plan None, bfloat16 products (ptb/bfloat16.py).
     """
     self._input = input_
     dtype = data_type(use_fp16)
     if plan is None:
       plan = plan_lib.step(
           config, input_.batch_size, input_.num_steps * input_.steps_per_call,
-          devices, dtype, plan_lib.offered(), is_training, replica[1])
+          devices, dtype, plan_lib.offered(), is_training, replica[1],
+          products=bfloat16.products(use_bf16))
 
     with tf.device(util.variable_device(devices)):
       params = create_params(config, dtype)
@@ -444,12 +448,12 @@ def get_config(model, rnn_mode=None):
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
                 steps_per_call=1, reuse=False, replica=(0, 1),
-                carry_state=True, plan=None):
+                carry_state=True, plan=None, use_bf16=False):
   """One PTBInput and PTBModel under `name` ("Train", "Valid", ...).
 
   The first model creates the weights in variable scope "Model"
-  (reuse=False), the others share them; `replica`, `carry_state` and
-  `plan` (a plan.Step) as in PTBModel.
+  (reuse=False), the others share them; `replica`, `carry_state`, `plan`
+  (a plan.Step) and `use_bf16` as in PTBModel.
   """
   initializer = tf.compat.v1.random_uniform_initializer(
       -config.init_scale, config.init_scale)
@@ -462,23 +466,25 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
       return PTBModel(is_training=is_training, config=config, input_=input_,
                       devices=devices, use_fp16=use_fp16,
                       replica=replica if is_training else (0, 1),
-                      carry_state=carry_state, plan=plan)
+                      carry_state=carry_state, plan=plan, use_bf16=use_bf16)
 
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
-                 replica=(0, 1), train_from_zero_state=False, plan=None):
+                 replica=(0, 1), train_from_zero_state=False, plan=None,
+                 use_bf16=False):
   """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
   Validation and test run `max(1, eval_unroll // num_steps)` windows per
   session call, unrolled in the graph with the state carried inside: the same
   numbers in far fewer calls. They always carry their state; training does
   unless `train_from_zero_state`. Each follows its part of `plan` (a
-  plan.Plan; None: plan.make's for these configs and devices here).
+  plan.Plan; None: plan.make's for these configs and devices here, with
+  bfloat16 products if `use_bf16`).
   """
   if plan is None:
     plan = plan_lib.make(config, devices, data_type(use_fp16),
                          plan_lib.offered(), replica[1], eval_config,
-                         eval_unroll)
+                         eval_unroll, products=bfloat16.products(use_bf16))
   train_data, valid_data, test_data = data
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
                         replica=replica, carry_state=not train_from_zero_state,
@@ -508,6 +514,8 @@ def main(_):
                                      FLAGS.num_gpus, FLAGS.config_overrides)
   devices = devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
                                       FLAGS.cpu_towers)
+  bfloat16.check(FLAGS.use_bf16, FLAGS.use_fp16, FLAGS.force_bf16, devices,
+                 config.rnn_mode)
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
   replica = training.replica(cluster)  # (this worker, workers)
@@ -520,12 +528,13 @@ def main(_):
   chief = training.is_chief(cluster)
   outputs.lock(FLAGS.save_path, chief)
   record = training.run_record(config, devices, cluster,
-                               FLAGS.train_from_zero_state)
+                               FLAGS.train_from_zero_state, FLAGS.use_bf16)
   resume = training.find_resume(FLAGS.save_path, record, cluster)
   # Every choice of the steps to come, made here once (ptb/plan.py).
   plan = plan_lib.make(config, devices, data_type(FLAGS.use_fp16),
                        plan_lib.offered(), replica[1], eval_config,
-                       FLAGS.eval_unroll)
+                       FLAGS.eval_unroll,
+                       products=bfloat16.products(FLAGS.use_bf16))
   print(plan_lib.line(plan), file=sys.stderr, flush=True)
   summary = summary_lib.Summary(FLAGS.summary_json, sys.argv, FLAGS.model,
                                 config, devices, start_time,

@@ -2,7 +2,7 @@
 
 ptb_word_lm.py defines the tutorial's own flags (and --config_overrides);
 importing this module defines the rest: devices and threads, evaluation,
-seeding, checkpoints, the memory log and summary, and the cluster. They are
+seeding, bfloat16 products, checkpoints, the memory log and summary, and the cluster. They are
 read only by the entry points (ptb_word_lm.main, benchmark.py).
 """
 
@@ -30,6 +30,15 @@ flags.DEFINE_bool(
     "Start every training step from a zero LSTM state, as the original did "
     "with --num_gpus=0 (it fed no state there); validation and test still "
     "carry their state from step to step.")
+flags.DEFINE_bool(
+    "use_bf16", False,
+    "Run the matrix products in bfloat16 (float32 accumulation; weights, "
+    "update, cell state and loss in float32). Refused on a CPU without "
+    "AVX512_BF16 or AMX, where it would be slower than float32.")
+flags.DEFINE_bool(
+    "force_bf16", False,
+    "With --use_bf16: run it even on a CPU without bfloat16 units (slow; "
+    "for tests).")
 flags.DEFINE_integer(
     "save_every_steps", 0,
     "With --save_path, also save a checkpoint every this many training "

@@ -40,6 +40,7 @@ candidate, forget, output), bias `[4H]`; one checkpoint serves every mode.
 
 import tensorflow as tf
 
+from ptb import bfloat16
 from ptb import kernels as kernels_lib
 from ptb import low_rank_update
 from ptb import plan as plan_lib
@@ -52,14 +53,15 @@ def _forward_product(plan, w_h):
   """The forward step's product: a function (h, x) -> h @ w_h + x.
 
   Args:
-    plan: the plan.Lstm (its forward product: KERNELS or MATMUL).
-    w_h: `[H, 4H]` recurrent weights.
+    plan: the plan.Lstm (its forward product: KERNELS or MATMUL, and the
+      products' dtype).
+    w_h: `[H, 4H]` recurrent weights, already the products' operand.
 
   Returns:
     A function of h `[B, H]` and x `[B, 4H]` returning `[B, 4H]`.
   """
   if plan.forward != plan_lib.KERNELS:
-    return lambda h, x: tf.matmul(h, w_h) + x
+    return lambda h, x: bfloat16.matmul(h, w_h, plan.products) + x
   library = kernels_lib.load()
   panels = library.pack_panels(w_h, transpose=False)
   return lambda h, x: library.panel_mat_mul(h, panels, x, isa=plan.isa)
@@ -69,8 +71,8 @@ def _backward_product(plan, w_h, batch):
   """The backward step's product: a function d_gates -> d_gates @ w_h^T.
 
   Args:
-    plan: the plan.Lstm (its backward product).
-    w_h: `[H, 4H]` recurrent weights.
+    plan: the plan.Lstm (its backward product and the products' dtype).
+    w_h: `[H, 4H]` recurrent weights, already the products' operand.
     batch: B.
 
   Returns:
@@ -86,14 +88,14 @@ def _backward_product(plan, w_h, batch):
     # Too few products to pay for a transposed copy.
     swapped = plan.backward == plan_lib.SWAPPED
     return lambda d_gates: transposed_product.matmul_transposed(
-        d_gates, w_h, swapped)
+        d_gates, w_h, swapped, plan.products)
   # w_h transposed once, so that the per-step product needs no transpose_b
   # (faster per step). Grappler would fold a Transpose that feeds a MatMul
   # back into transpose_b=True; the Snapshot between them (it forwards its
   # input's buffer, no copy) keeps it. Only w_h: a transposed copy of the
   # whole kernel would stay alive through the step and cost memory.
   w_h_t = tf.raw_ops.Snapshot(input=tf.transpose(w_h))
-  return lambda d_gates: tf.matmul(d_gates, w_h_t)
+  return lambda d_gates: bfloat16.matmul(d_gates, w_h_t, plan.products)
 
 
 def split_kernel(kernel, input_size):
@@ -160,7 +162,9 @@ def basic_forward(plan, x, c, h, kernel, bias):
   """
   blocks = wavefront.split_time(x)
   input_size = blocks[0].shape[2]
-  w_x, w_h = split_kernel(kernel, input_size)
+  # Cast once per call: every step's product reads the products' operand.
+  w_x, w_h = (bfloat16.operand(w, plan.products)
+              for w in split_kernel(kernel, input_size))
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
@@ -172,7 +176,8 @@ def basic_forward(plan, x, c, h, kernel, bias):
     # previous step. The bias is not added per step: Grappler would fuse
     # MatMul, BiasAdd and Add into one oneDNN op that first copies its
     # addend into the output, a reorder at every step.
-    for x_t in tf.unstack(tf.nn.bias_add(tf.tensordot(block, w_x, 1), bias)):
+    for x_t in tf.unstack(tf.nn.bias_add(
+        bfloat16.tensordot(block, w_x, plan.products), bias)):
       acts["c_prev"].append(c)
       acts["h_prev"].append(h)
       step = cell(product(h, x_t), c)
@@ -215,7 +220,8 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   sizes = [b.shape[0] for b in blocks]
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
-  w_x, w_h = split_kernel(kernel, input_size)
+  w_x, w_h = (bfloat16.operand(w, plan.products)
+              for w in split_kernel(kernel, input_size))
   product = _backward_product(plan, w_h, acts["cs"][-1].shape[0])
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
@@ -248,7 +254,8 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
     flat_gates = tf.reshape(gate_blocks[k], [-1, 4 * hidden])
     d_x[k] = tf.reshape(
         transposed_product.matmul_transposed(
-            flat_gates, w_x, plan.input_gradients[k] == plan_lib.SWAPPED),
+            flat_gates, w_x, plan.input_gradients[k] == plan_lib.SWAPPED,
+            plan.products),
         [sizes[k], -1, input_size])                           # [C, B, I]
     end = start
   flat_g = tf.reshape(wavefront.join_time(gate_blocks),
@@ -256,7 +263,8 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   xh = tf.concat([wavefront.join_time(blocks), tf.stack(acts["h_prev"])],
                  2)                                           # [T, B, I+H]
   flat_xh = tf.reshape(xh, [-1, input_size + hidden])
-  d_kernel = tf.matmul(flat_xh, flat_g, transpose_a=True)
+  d_kernel = bfloat16.matmul(flat_xh, flat_g, plan.products,
+                             transpose_a=True)
   d_bias = tf.reduce_sum(flat_g, 0)
   return d_x, d_c, d_h, d_kernel, d_bias, (flat_xh, flat_g)
 

@@ -23,6 +23,7 @@ from absl import logging
 import tensorflow as tf
 
 from ptb import kernels as kernels_lib
+from ptb.bfloat16 import BFLOAT16, FLOAT32
 from ptb.config import BASIC, BLOCK, CUDNN
 
 # A layer's path (Lstm.paths).
@@ -117,6 +118,7 @@ class Lstm:
     input_gradients: d_gates @ w_x^T, PLAIN or SWAPPED, for each time block
       of the backward pass (the WAVEFRONT's chunks, else one block).
     isa: the width of the kernels' ops built, None where none are.
+    products: the products' dtype, bfloat16.FLOAT32 or BFLOAT16.
   """
   paths: Tuple[str, ...]
   chunk: Optional[int]
@@ -125,6 +127,7 @@ class Lstm:
   backward: Optional[str]
   input_gradients: Tuple[str, ...]
   isa: Optional[str]
+  products: str = FLOAT32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +139,12 @@ class Softmax:
     input_gradient: d_logits @ softmax_w^T, PLAIN or SWAPPED; None in
       evaluation.
     isa: the width of the kernel's op, None with OPS.
+    products: the dtype of the logits' product and its gradients' products.
   """
   loss: str
   input_gradient: Optional[str]
   isa: Optional[str]
+  products: str = FLOAT32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,21 +293,29 @@ def _time_blocks(steps, chunk):
   return [min(chunk, steps - s) for s in range(0, steps, chunk)]
 
 
-def _cell(rnn_mode, isa):
+def _cell(rnn_mode, isa, products=FLOAT32):
   """The cell of BASIC or BLOCK: OPS_CELL, FUSED_CELL, or BLOCK_LSTM.
 
   BLOCK's fused cell on the CPU is the kernels' LstmCell after BASIC's
   products: BlockLSTM's CPU kernel does one Eigen product of [x_t, h] per
-  step, and trained slower than BASIC in every config.
+  step, and trained slower than BASIC in every config. BlockLSTM makes its
+  products itself, in its one dtype: with bfloat16 products and no kernels,
+  BLOCK takes BASIC's cell (the same function).
   """
   if rnn_mode == BASIC:
     return OPS_CELL
-  return FUSED_CELL if isa else BLOCK_LSTM
+  if isa:
+    return FUSED_CELL
+  return OPS_CELL if products == BFLOAT16 else BLOCK_LSTM
 
 
-def _packed(hidden, batch, steps, isa, limits):
-  """Whether the recurrent products run on the kernels (PackPanels)."""
-  return (isa is not None and hidden >= limits.kernel_min_hidden and
+def _packed(hidden, batch, steps, isa, limits, products=FLOAT32):
+  """Whether the recurrent products run on the kernels (PackPanels).
+
+  The panels hold float32: bfloat16 products run on tf.matmul (oneDNN).
+  """
+  return (isa is not None and products == FLOAT32 and
+          hidden >= limits.kernel_min_hidden and
           batch >= limits.kernel_min_batch and
           steps >= limits.kernel_min_steps)
 
@@ -317,7 +330,7 @@ def _backward(packed, hidden, batch, steps, cpu, limits):
 
 
 def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
-         training=True, limits=THRESHOLDS):
+         training=True, limits=THRESHOLDS, products=FLOAT32):
   """The LSTM's part of a Step (Lstm).
 
   Args:
@@ -329,12 +342,13 @@ def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
     cpu: whether the towers are CPUs.
     training: whether the call has a backward pass.
     limits: Thresholds.
+    products: the products' dtype (bfloat16.FLOAT32 or BFLOAT16).
   """
   if rnn_mode == CUDNN:
     return Lstm((CUDNN_RNN,) * num_layers, None, CUDNN_RNN, CUDNN_RNN, None,
-                (), None)
-  cell = _cell(rnn_mode, isa)
-  packed = _packed(hidden, batch, steps, isa, limits)
+                (), None, products)
+  cell = _cell(rnn_mode, isa, products)
+  packed = _packed(hidden, batch, steps, isa, limits, products)
   if cell == BLOCK_LSTM:
     chunk, path, forward = None, BLOCK_LSTM, BLOCK_LSTM
   else:
@@ -349,11 +363,11 @@ def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
         for size in _time_blocks(steps, chunk))
   uses_kernels = packed or cell == FUSED_CELL
   return Lstm((path,) * num_layers, chunk, cell, forward, backward,
-              input_gradients, isa if uses_kernels else None)
+              input_gradients, isa if uses_kernels else None, products)
 
 
 def step(config, batch, steps, devices, dtype, kernels, training=True,
-         workers=1, limits=THRESHOLDS):
+         workers=1, limits=THRESHOLDS, products=FLOAT32):
   """One model's Step: its LSTM, softmax loss and updates.
 
   Args:
@@ -365,6 +379,8 @@ def step(config, batch, steps, devices, dtype, kernels, training=True,
     training: whether the model trains.
     workers: the processes that train together (a cluster's workers).
     limits: Thresholds.
+    products: the products' dtype (bfloat16.FLOAT32 or BFLOAT16; the
+      variables stay `dtype`).
   """
   cpu = not any("GPU" in d.upper() for d in devices)
   isa = kernels.isa if cpu and dtype == tf.float32 else None
@@ -372,14 +388,14 @@ def step(config, batch, steps, devices, dtype, kernels, training=True,
   softmax = Softmax(
       KERNEL if isa else OPS,
       _swap(rows, config.hidden_size * config.vocab_size, cpu, limits)
-      if training else None, isa)
+      if training else None, isa, products)
   # The towers' gradients are averaged densely, and a cluster's
   # accumulators take dense tensors: the factors serve one tower alone.
   factored = (training and isa is not None and len(devices) == 1 and
               workers == 1 and rows <= limits.factor_max_rows)
   return Step(batch, steps,
               lstm(config.rnn_mode, config.num_layers, config.hidden_size,
-                   batch, steps, isa, cpu, training, limits),
+                   batch, steps, isa, cpu, training, limits, products),
               softmax,
               (FACTORS if factored else DENSE) if training else None,
               isa if factored else None)
@@ -391,7 +407,7 @@ def eval_windows(eval_unroll, num_steps):
 
 
 def make(config, devices, dtype, kernels, workers=1, eval_config=None,
-         eval_unroll=1, limits=THRESHOLDS):
+         eval_unroll=1, limits=THRESHOLDS, products=FLOAT32):
   """The run's Plan.
 
   Args:
@@ -406,15 +422,16 @@ def make(config, devices, dtype, kernels, workers=1, eval_config=None,
       plan is of a full call (a corpus too short for one runs the same
       choices on fewer steps).
     limits: Thresholds.
+    products: the products' dtype: bfloat16.BFLOAT16 with --use_bf16.
   """
   train = step(config, config.batch_size, config.num_steps, devices, dtype,
-               kernels, True, workers, limits)
+               kernels, True, workers, limits, products)
   if eval_config is None:
     return Plan(kernels, train)
   evaluations = [
       step(c, c.batch_size,
            c.num_steps * eval_windows(eval_unroll, c.num_steps),
-           devices[:1], dtype, kernels, False, 1, limits)
+           devices[:1], dtype, kernels, False, 1, limits, products)
       for c in (config, eval_config)]
   return Plan(kernels, train, *evaluations)
 
@@ -440,7 +457,8 @@ def fields(plan):
   kernels (the width or none), lstm (each layer's path), chunk, cell,
   recurrent and backward (the training step's recurrent products),
   recurrent_valid and recurrent_test (where the plan has them), softmax,
-  updates and swapped (the training step's swapped products, or none).
+  updates, swapped (the training step's swapped products, or none) and
+  products (their dtype).
   """
   train = plan.train
   out = collections.OrderedDict([
@@ -456,6 +474,7 @@ def fields(plan):
   out["softmax"] = train.softmax.loss
   out["updates"] = train.updates
   out["swapped"] = _swapped(train)
+  out["products"] = train.lstm.products
   return out
 
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from ptb import kernels
 from ptb import plan as plan_lib
 from ptb import testing
+from ptb.bfloat16 import BFLOAT16
 from ptb.config import BASIC, BLOCK, CUDNN
 import ptb_word_lm
 from ptb_word_lm_testing import run_in_process
@@ -156,7 +157,8 @@ class LineTest(tf.test.TestCase):
         "Plan: kernels=avx512 (the widest this CPU has) "
         "lstm=wavefront,wavefront chunk=4 cell=ops recurrent=matmul "
         "backward=swapped recurrent_valid=kernels recurrent_test=matmul "
-        "softmax=kernel updates=factors swapped=softmax,inputs,recurrent")
+        "softmax=kernel updates=factors swapped=softmax,inputs,recurrent "
+        "products=float32")
     record = plan_lib.record(plan)
     self.assertEqual(record.pop("kernels_why"), "the widest this CPU has")
     self.assertEqual(record, dict(plan_lib.fields(plan)))
@@ -165,6 +167,27 @@ class LineTest(tf.test.TestCase):
                           plan_lib.Kernels(None, "disabled"))
     self.assertNotIn("recurrent_valid", plan_lib.fields(alone))
     self.assertEqual(plan_lib.fields(alone)["kernels"], "none")
+
+
+  def testBfloat16ProductsRunOnMatmulBesideTheKernelsFloat32Ops(self):
+    # large's step: its float32 recurrent products run on the kernels.
+    config = Config(rnn_mode=BLOCK, hidden_size=1500)
+    kernels = plan_lib.Kernels("avx512", "the widest this CPU has")
+    f32 = plan_lib.make(config, ["/cpu:0"], tf.float32, kernels).train
+    bf16 = plan_lib.make(config, ["/cpu:0"], tf.float32, kernels,
+                         products=BFLOAT16).train
+    self.assertEqual((f32.lstm.forward, f32.lstm.backward),
+                     (plan_lib.KERNELS, plan_lib.KERNELS))
+    # The panels hold float32: bfloat16 products are tf.matmul's; the cell
+    # and the softmax loss, float32, stay on the kernels.
+    self.assertEqual((bf16.lstm.forward, bf16.lstm.backward),
+                     (plan_lib.MATMUL, plan_lib.TRANSPOSED))
+    self.assertEqual((bf16.lstm.cell, bf16.softmax.loss, bf16.lstm.isa),
+                     (plan_lib.FUSED_CELL, plan_lib.KERNEL, "avx512"))
+    self.assertEqual((bf16.lstm.products, bf16.softmax.products),
+                     (BFLOAT16, BFLOAT16))
+    self.assertEqual(plan_lib.fields(plan_lib.Plan(kernels, bf16))[
+        "products"], "bfloat16")
 
 
 def _cpuinfo(directory, flags):

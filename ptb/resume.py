@@ -9,7 +9,8 @@ variable checkpoint.CONFIG_VARIABLE), and a resume compares it with its own:
   whether training carries its LSTM state (--train_from_zero_state) give
   the saved data position and LSTM state their meaning. They cannot
   change in the middle of an epoch. At an epoch's end they may: every
-  epoch starts from the first window with a zero state.
+  epoch starts from the first window with a zero state. The products'
+  dtype (--use_bf16) likewise, so that an epoch's perplexity is of one.
 - The other fields (the schedule: max_max_epoch, max_epoch, learning_rate,
   lr_decay, keep_prob; and max_grad_norm, init_scale, rnn_mode) may change
   at any time.
@@ -26,24 +27,28 @@ from ptb.errors import warn
 WEIGHT_FIELDS = ("hidden_size", "num_layers", "vocab_size")
 # The fields that the saved data position and LSTM state depend on.
 POSITION_FIELDS = ("num_steps", "batch_size", "towers", "workers",
-                   "train_from_zero_state")
+                   "train_from_zero_state", "use_bf16")
 # How a run sets the fields that are no config fields.
 _SET_BY = {"towers": "towers (--num_gpus, --cpu_towers)",
            "workers": "workers (--worker_hosts)",
-           "train_from_zero_state": "--train_from_zero_state"}
+           "train_from_zero_state": "--train_from_zero_state",
+           "use_bf16": "--use_bf16"}
 # What a checkpoint written before a field existed ran with.
-_BEFORE_RECORDED = {"train_from_zero_state": False}
+_BEFORE_RECORDED = {"train_from_zero_state": False, "use_bf16": False}
 # How _listed writes a change in an error, and in the lines of a resume.
 _BOTH = "{label} is {old} there and {new} here"
 _WAS = "{name}={new} (was {old})"
 
 
-def record(config, towers, workers, train_from_zero_state=False):
+def record(config, towers, workers, train_from_zero_state=False,
+           use_bf16=False):
   """What a checkpoint records of its run: every config field, the split,
-  and whether training starts every step from a zero state."""
+  whether training starts every step from a zero state, and whether the
+  products run in bfloat16."""
   fields = config_lib.config_fields(config)
   fields.update(towers=towers, workers=workers,
-                train_from_zero_state=train_from_zero_state)
+                train_from_zero_state=train_from_zero_state,
+                use_bf16=use_bf16)
   return fields
 
 

@@ -279,6 +279,27 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     self.assertIs(checkpoint.read_progress(tf.train.latest_checkpoint(
         self.save))[3]["train_from_zero_state"], True)
 
+  def testUseBf16ChangesOnlyAtAnEpochsEnd(self):
+    # Forced: the products' dtype is what is recorded, on any CPU.
+    args = self.args(overridden()) + ["--use_bf16", "--force_bf16"]
+    self.interrupted_in_epoch_1()
+    _, _, stop = ptb_word_lm_testing.run_in_process(args)
+    self.assertIsInstance(stop, UserError)
+    self.assertIn("--use_bf16 is False there and True here", str(stop))
+    shutil.rmtree(self.save)
+    self.finished_epoch_1()
+    out, err, stop = ptb_word_lm_testing.run_in_process(args)
+    self.assertIsNone(stop, err)
+    self.assertIn("Config changes at the end of epoch 1: use_bf16=True (was "
+                  "False); the next epoch starts", out)
+    with open(self.summary) as f:
+      summary = json.load(f)
+    self.assertEqual(summary["plan"]["products"], "bfloat16")
+    self.assertEqual(summary["resumes"][-1]["config_changes"]["use_bf16"],
+                     {"from": False, "to": True})
+    self.assertIs(checkpoint.read_progress(tf.train.latest_checkpoint(
+        self.save))[3]["use_bf16"], True)
+
   def testAKillAtEachWriteOfAnEpochsEndLosesNothing(self):
     kinds = ["summary", "checkpoint", "scalars"]
     for write in range(1, len(kinds) + 2):

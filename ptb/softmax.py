@@ -8,6 +8,7 @@ every gradient taken of the loss reads that one d_logits.
 
 import tensorflow as tf
 
+from ptb import bfloat16
 from ptb import kernels
 from ptb import low_rank_update
 from ptb import plan as plan_lib
@@ -54,8 +55,8 @@ def softmax_loss(plan, inputs, softmax_w, softmax_b, labels, factors=None):
   def loss_and_gradient(inputs, weight, bias, labels):
     # No bias in the matmul: the kernel adds it in its first pass (oneDNN
     # would in a pass of its own over the [N, V] output).
-    loss, d_logits = cross_entropy(plan, tf.matmul(inputs, weight), bias,
-                                   labels)
+    loss, d_logits = cross_entropy(
+        plan, bfloat16.matmul(inputs, weight, plan.products), bias, labels)
 
     def grad(d_loss):
       d_inputs, d_w, d_b = _softmax_grads(
@@ -126,11 +127,14 @@ def _softmax_grads(plan, inputs, weight, d_logits, d_loss, softmax_w,
     (d_inputs `[N, H]`, d_w `[H, V]`, d_b `[V]`).
   """
   scale = tf.cast(d_loss, inputs.dtype)[:, None]
+  # Both products read d_logits: cast once for bfloat16 products.
+  d_product = bfloat16.operand(d_logits, plan.products)
   d_inputs = transposed_product.matmul_transposed(
-      d_logits, weight,
-      plan.input_gradient == plan_lib.SWAPPED) * scale
+      d_product, weight,
+      plan.input_gradient == plan_lib.SWAPPED, plan.products) * scale
   scaled = tf.concat([inputs, tf.ones_like(scale)], 1) * scale  # [N, H+1]
-  d_wb = tf.matmul(scaled, d_logits, transpose_a=True)          # [H+1, V]
+  d_wb = bfloat16.matmul(scaled, d_product, plan.products,
+                         transpose_a=True)                      # [H+1, V]
   d_w, d_b = tf.split(d_wb, [inputs.shape[1], 1])
   # Where the plan updates them from their factors, nothing reads d_wb,
   # and it is never formed.

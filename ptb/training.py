@@ -42,10 +42,11 @@ def is_chief(cluster):
   return cluster is None or cluster_lib.is_chief(cluster)
 
 
-def run_record(config, devices, cluster, train_from_zero_state=False):
+def run_record(config, devices, cluster, train_from_zero_state=False,
+               use_bf16=False):
   """What the run's checkpoints record of it (resume.record)."""
   return resume_lib.record(config, len(devices), replica(cluster)[1],
-                           train_from_zero_state)
+                           train_from_zero_state, use_bf16)
 
 
 def find_resume(save_path, record, cluster):

@@ -18,18 +18,21 @@ swap_max_rows and swap_min_weight).
 
 import tensorflow as tf
 
+from ptb import bfloat16
 
-def matmul_transposed(a, w, swapped):
+
+def matmul_transposed(a, w, swapped, products=bfloat16.FLOAT32):
   """a @ w^T, as (w @ a^T)^T if `swapped` (see above).
 
   Args:
     a: `[M, N]`.
     w: `[K, N]`.
     swapped: the plan's choice for this product (plan.SWAPPED).
+    products: the products' dtype (bfloat16.FLOAT32 or BFLOAT16).
 
   Returns:
-    `[M, K]`.
+    `[M, K]`, float32 for BFLOAT16 products.
   """
   if swapped:
-    return tf.transpose(tf.matmul(w, a, transpose_b=True))
-  return tf.matmul(a, w, transpose_b=True)
+    return tf.transpose(bfloat16.matmul(w, a, products, transpose_b=True))
+  return bfloat16.matmul(a, w, products, transpose_b=True)
