@@ -19,12 +19,17 @@ training step must move at the least (train_bytes_per_word), the GB/s that
 makes at the run's speed as a fraction of the bandwidth, the words per
 second that each roof allows (compute: the FMA peak over the FLOPs;
 bandwidth: the bandwidth over the bytes) and the lower of the two, which
-is the bound the config is under, with the run's fraction of it.
+is the bound the config is under, with the run's fraction of it
+(ptb/roofline.py).
 
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
 
-The last line printed is `wps: N` for the last combination.
+The last line printed is `wps: N` for the last combination. With
+--roofline=FILE.png it also draws the machine's roofline with this call's
+results on it; with --roofline_from=A.json,B.json as well, it measures
+nothing and draws the results of those --output_json files instead (a
+float32 run's and a bfloat16 run's, say).
 """
 
 import os
@@ -49,6 +54,7 @@ from ptb import errors
 from ptb import kernels
 from ptb import outputs
 from ptb import plan as plan_lib
+from ptb import roofline as roofline_lib
 from ptb.errors import UserError
 import ptb_word_lm
 import reader
@@ -56,45 +62,16 @@ import reader
 flags.DEFINE_integer("steps", 60, "Timed training steps per combination.")
 flags.DEFINE_integer("warmup", 5, "Untimed training steps first.")
 flags.DEFINE_string("output_json", None, "Also write the figures here.")
+flags.DEFINE_string("roofline", None, "Draw the machine's roofline with the "
+                    "results on it in this file (.png, .pdf or .svg); needs "
+                    "matplotlib (requirements-plot.txt).")
+flags.DEFINE_string("roofline_from", None, "Comma-separated --output_json "
+                    "files of earlier calls: measure nothing, and draw their "
+                    "results into --roofline instead.")
 
 FLAGS = flags.FLAGS
 # The ranges of this script's own numeric flags (see config.FLAG_RANGES).
 _FLAG_RANGES = {"steps": (1, True), "warmup": (0, True)}
-
-
-def train_flops_per_word(config):
-  """Matrix-multiply FLOPs of one training word: forward, then twice that.
-
-  Per layer the gates are `[input + hidden] x [4 * hidden]` (input = hidden
-  here), the softmax `[hidden] x [vocab]`; the backward pass costs two such
-  products per forward one. Elementwise work is left out.
-  """
-  h = config.hidden_size
-  forward = config.num_layers * 2 * (2 * h) * (4 * h) + 2 * h * config.vocab_size
-  return 3 * forward
-
-
-def train_bytes_per_word(config):
-  """Bytes that one training word must move to and from memory, at the least.
-
-  The roofline's model (docs/performance.md): in a step of batch x steps
-  words, each dense weight (LSTM kernels and biases, softmax weights and
-  bias) is read in the forward pass, read in the backward pass and written
-  by the update, 12 bytes, its gradient never written out; the embedding
-  rows of the step's words are read, then read and written by the update.
-  Per word, the activations that the backward pass reads back are written
-  once and read once: per layer the input, the four gates, the cell, its
-  tanh and the output (8 x hidden floats) and the gates' gradient (4 x
-  hidden); the logits are written, turned into their gradient in place and
-  read by the two products of the backward pass (4 x vocab floats moved).
-  """
-  h, v, layers = config.hidden_size, config.vocab_size, config.num_layers
-  dense = layers * (2 * h * 4 * h + 4 * h) + h * v + v
-  words = config.batch_size * config.num_steps
-  weights = 12 * dense / words
-  embedding = 12 * h
-  activations = 4 * (layers * 2 * (8 * h + 4 * h) + 4 * v)
-  return weights + embedding + activations
 
 
 def llc_bytes(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
@@ -250,12 +227,13 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
       faults = monitor.page_faults() - faults
   words = FLAGS.steps * config.batch_size * config.num_steps * len(devices)
   wps = words / elapsed
-  flops = train_flops_per_word(config)
+  flops = roofline_lib.train_flops_per_word(config)
   return {"model": model_name, "rnn_mode": config.rnn_mode.upper(),
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
-          "gflops": wps * flops / 1e9, "plan": dict(plan_lib.fields(plan)),
+          "gflops": wps * flops / 1e9, "products": roofline_lib.FLOAT32,
+          "plan": dict(plan_lib.fields(plan)),
           "matmul": onednn.matmul_library()}, config
 
 
@@ -265,23 +243,6 @@ def _peak_text(r):
     return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
   return ("fma_peak_gflops=%(fma_peak_gflops).1f "
           "peak_fraction=%(peak_fraction).3f isa=%(kernel_isa)s" % r)
-
-
-def roofline(r, config, peak, bandwidth):
-  """The roofline's figures of a result `r` (a dict), unknown ones None."""
-  bytes_per_word = train_bytes_per_word(config)
-  roofs = {"compute": peak * 1e9 / r["train_flops_per_word"] if peak else None,
-           "bandwidth": (bandwidth * 1e9 / bytes_per_word if bandwidth
-                         else None)}
-  known = {k: v for k, v in roofs.items() if v is not None}
-  bound = min(known, key=known.get) if known else None
-  return {"bandwidth_gbs": bandwidth, "train_bytes_per_word": bytes_per_word,
-          "gbs": r["wps"] * bytes_per_word / 1e9,
-          "bandwidth_fraction": (r["wps"] * bytes_per_word / 1e9 / bandwidth
-                                 if bandwidth else None),
-          "compute_roof_wps": roofs["compute"],
-          "bandwidth_roof_wps": roofs["bandwidth"], "bound": bound,
-          "roof_fraction": r["wps"] / known[bound] if bound else None}
 
 
 def _roofline_text(r):
@@ -357,6 +318,32 @@ def write_report(path, report):
         path, errors.write_failure(e))) from None
 
 
+def check_roofline_flags():
+  """Checks --roofline and --roofline_from; returns the files' results.
+
+  Returns:
+    The results of the --roofline_from files to draw (ptb/roofline.py's
+    load_results), or None where this call measures.
+
+  Raises:
+    UserError: --roofline_from without --roofline or with --output_json,
+      a picture that cannot be drawn or written, or an input file that
+      cannot be read or is not benchmark.py's.
+  """
+  if FLAGS.roofline_from is not None:
+    if not FLAGS.roofline:
+      raise UserError("--roofline_from draws into --roofline=FILE.png, "
+                      "which is not given", exit_code=2)
+    if FLAGS.output_json:
+      raise UserError("--roofline_from measures nothing: --output_json "
+                      "would be left unwritten", exit_code=2)
+  if FLAGS.roofline:
+    roofline_lib.check_output("roofline", FLAGS.roofline)
+  if FLAGS.roofline_from is None:
+    return None
+  return roofline_lib.load_results(_names("roofline_from"))
+
+
 def main(_):
   # Every flag, path and combination is checked before the first
   # measurement: a mistake costs seconds, not the combinations before it.
@@ -364,6 +351,10 @@ def main(_):
                                           **_FLAG_RANGES))
   if FLAGS.output_json:
     outputs.check_file("output_json", FLAGS.output_json)
+  drawn = check_roofline_flags()
+  if drawn is not None:
+    roofline_lib.draw(drawn, FLAGS.roofline)
+    return
   models = _names("model")
   modes = _names("rnn_mode") if FLAGS.rnn_mode else [None]
   devices = devices_lib.check_devices(
@@ -397,7 +388,8 @@ def main(_):
                mfu=r["gflops"] / ceiling, fma_peak_gflops=peak,
                peak_fraction=r["gflops"] / peak if peak else None,
                kernel_isa=plan_lib.kernel_width()[0])
-      r.update(roofline(r, config, peak, bandwidth))
+      r.update(roofline_lib.roofline(r, config, peak, bandwidth,
+                                     r["products"]))
       limits = after
       results.append(r)
       print("model=%(model)s rnn_mode=%(rnn_mode)s wps=%(wps).0f "
@@ -410,12 +402,16 @@ def main(_):
             dict(r, peak=_peak_text(r), roofline=_roofline_text(r),
                  plan=" ".join("%s=%s" % kv for kv in r["plan"].items())),
             flush=True)
+  report = {"tensorflow": tf.__version__, "cpu": roofline_lib.cpu_model(),
+            "devices": devices, "intra_op_threads": FLAGS.intra_op_threads,
+            "inter_op_threads": FLAGS.inter_op_threads, "results": results}
   if FLAGS.output_json:
-    write_report(FLAGS.output_json,
-                 {"tensorflow": tf.__version__, "devices": devices,
-                  "intra_op_threads": FLAGS.intra_op_threads,
-                  "inter_op_threads": FLAGS.inter_op_threads,
-                  "results": results})
+    write_report(FLAGS.output_json, report)
+  if FLAGS.roofline:
+    # Each result with the report's CPU and TensorFlow, for the title, as
+    # roofline_lib.load_results gives a file's.
+    roofline_lib.draw([dict(r, cpu=report["cpu"], tensorflow=tf.__version__)
+                       for r in results], FLAGS.roofline)
   print("wps: %.0f" % results[-1]["wps"])
 
 

@@ -17,9 +17,9 @@ import tensorflow as tf
 from ptb import errors
 from ptb import kernels
 from ptb import plan as plan_lib
+from ptb import roofline
 from ptb import testing
 import benchmark
-import ptb_word_lm
 import ptb_word_lm_testing
 from ptb_word_lm_testing import run_in_process
 
@@ -54,48 +54,6 @@ def _roofline_fields():
 
 
 class BenchmarkTest(tf.test.TestCase):
-
-  def testTrainFlopsPerWord(self):
-    # small: 2 layers of [400 x 800] gates, softmax [200 x 10000]; forward
-    # 2 * (2*400*800) + 2*200*10000 FLOPs, training three times that.
-    self.assertEqual(benchmark.train_flops_per_word(ptb_word_lm.SmallConfig()),
-                     3 * (2 * 2 * 400 * 800 + 2 * 200 * 10000))
-    self.assertEqual(benchmark.train_flops_per_word(ptb_word_lm.LargeConfig()),
-                     3 * (2 * 2 * 3000 * 6000 + 2 * 1500 * 10000))
-
-  def testTrainBytesPerWord(self):
-    # The how-to's class: 2 layers of [2000 x 4000] kernels and [4000]
-    # biases, softmax [1000 x 10000] and [10000]; 20 x 2 words a step.
-    config = ptb_word_lm.LargeConfig()
-    config.num_steps, config.hidden_size = 2, 1000
-    dense = 2 * (2000 * 4000 + 4000) + 1000 * 10000 + 10000
-    want = (12 * dense / 40 + 12 * 1000 +
-            4 * (2 * 2 * (8 * 1000 + 4 * 1000) + 4 * 10000))
-    self.assertAllClose(benchmark.train_bytes_per_word(config), want)
-
-  def testRooflineTakesTheLowerRoof(self):
-    config = ptb_word_lm.SmallConfig()
-    per_word = benchmark.train_bytes_per_word(config)
-    r = {"wps": 1000.0, "train_flops_per_word": 1e6}
-    # Compute allows 100 GFLOP/s / 1 MFLOP = 100,000 wps; the bandwidth
-    # 10 GB/s / per_word.
-    got = benchmark.roofline(r, config, 100.0, 10.0)
-    self.assertAllClose(got["compute_roof_wps"], 1e5)
-    self.assertAllClose(got["bandwidth_roof_wps"], 1e10 / per_word)
-    self.assertEqual(got["bound"], "bandwidth" if 1e10 / per_word < 1e5
-                     else "compute")
-    self.assertAllClose(got["roof_fraction"],
-                        1000 / min(1e5, 1e10 / per_word))
-    self.assertAllClose(got["gbs"], 1000 * per_word / 1e9)
-    self.assertAllClose(got["bandwidth_fraction"], got["gbs"] / 10.0)
-    # One roof unknown: the other bounds; both unknown: no bound.
-    self.assertEqual(benchmark.roofline(r, config, 100.0, None)["bound"],
-                     "compute")
-    self.assertEqual(benchmark.roofline(r, config, None, 1e6)["bound"],
-                     "bandwidth")
-    none = benchmark.roofline(r, config, None, None)
-    self.assertIsNone(none["bound"])
-    self.assertIsNone(none["roof_fraction"])
 
   def testLastLevelCacheFromSysfs(self):
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,37 +120,44 @@ class InProcessBenchmarkTest(tf.test.TestCase):
   """One run of benchmark.main in this process, two combinations.
 
   Hidden 512, batch 10 and 8 steps: where the model starts to use the
-  kernels' recurrent products.
+  kernels' recurrent products. The run writes its JSON and draws its
+  roofline; a test draws that JSON again with --roofline_from.
   """
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    with tempfile.TemporaryDirectory() as tmp:
-      testing.make_corpus(tmp)
-      out_json = os.path.join(tmp, "bench.json")
-      cls.out = run_benchmark([
-          "--data_path=" + tmp, "--model=test", "--rnn_mode=BASIC,block",
-          "--num_gpus=0", "--steps=3", "--warmup=1",
-          "--output_json=" + out_json,
-          "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10,"
-          "num_steps=8"])
-      with open(out_json) as f:
-        cls.report = json.load(f)
+    tmp = tempfile.TemporaryDirectory()
+    cls.addClassCleanup(tmp.cleanup)
+    cls.tmp = tmp.name
+    testing.make_corpus(cls.tmp)
+    cls.out_json = os.path.join(cls.tmp, "bench.json")
+    # This call's results drawn after them, too.
+    cls.measured_png = os.path.join(cls.tmp, "measured.png")
+    cls.out = run_benchmark([
+        "--data_path=" + cls.tmp, "--model=test", "--rnn_mode=BASIC,block",
+        "--num_gpus=0", "--steps=3", "--warmup=1",
+        "--output_json=" + cls.out_json, "--roofline=" + cls.measured_png,
+        "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10,"
+        "num_steps=8"])
+    with open(cls.out_json) as f:
+      cls.report = json.load(f)
 
   def testEveryCombinationAndJson(self):
     lines = self.out.splitlines()
     rows = [l for l in lines if l.startswith("model=")]
     self.assertLen(rows, 2)
-    for row, mode in zip(rows, ("BASIC", "BLOCK")):
+    for row, mode, r in zip(rows, ("BASIC", "BLOCK"),
+                            self.report["results"]):
+      # The plan's fields, whichever ptb/plan.py has, as in the JSON.
+      self.assertEqual(r["plan"]["softmax"], _softmax_path())
+      plan = " ".join("%s=%s" % kv for kv in r["plan"].items())
       self.assertRegex(row, r"^model=test rnn_mode=%s wps=\d+ "
                        r"train_flops_per_word=\S+ gflops=\S+ "
                        r"ceiling_gflops=\S+ mfu=\S+ %s %s peak_rss_mib=\d+ "
-                       r"page_faults_per_step=\d+ kernels=\S+ lstm=\S+ "
-                       r"chunk=\S+ cell=\S+ recurrent=\S+ backward=\S+ "
-                       r"softmax=%s updates=\S+ swapped=\S+ matmul=onednn$"
+                       r"page_faults_per_step=\d+ %s matmul=onednn$"
                        % (mode, _peak_fields(), _roofline_fields(),
-                          _softmax_path()))
+                          re.escape(plan)))
     self.assertRegex(lines[-1], r"^wps: \d+$")
     results = self.report["results"]
     self.assertEqual([r["rnn_mode"] for r in results], ["BASIC", "BLOCK"])
@@ -222,6 +187,40 @@ class InProcessBenchmarkTest(tf.test.TestCase):
         self.assertIsNone(r["fma_peak_gflops"])
         self.assertIsNone(r["peak_fraction"])
         self.assertIsNone(r["bandwidth_gbs"])
+
+  def testDrawsTheRooflineOfItsJson(self):
+    png = os.path.join(self.tmp, "drawn", "roofline.png")
+    with mock.patch.object(benchmark, "measure") as measure, \
+        mock.patch.object(benchmark, "_limits") as limits:
+      out = run_benchmark(["--roofline_from=" + self.out_json,
+                           "--roofline=" + png])
+    self.assertFalse(measure.called or limits.called, "measured")
+    self.assertEqual(out, "")
+    for path in (png, self.measured_png):
+      with open(path, "rb") as f:
+        self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    results = self.report["results"]
+    self.assertEqual([r["products"] for r in results], ["float32"] * 2)
+    ax = roofline.figure(roofline.load_results([self.out_json])).axes[0]
+    self.assertEqual((ax.get_xscale(), ax.get_yscale()), ("log", "log"))
+    self.assertIn("FLOPs per byte", ax.get_xlabel())
+    self.assertEqual(ax.get_ylabel(), "GFLOP/s")
+    self.assertIn("TensorFlow %s" % tf.__version__, ax.get_title())
+    points = [l for l in ax.get_lines() if l.get_gid() == "result"]
+    self.assertEqual([p.get_label() for p in points],
+                     ["test float32 BASIC", "test float32 BLOCK"])
+    for point, r in zip(points, results):
+      self.assertEqual(point.get_xydata().tolist(), [[
+          r["train_flops_per_word"] / r["train_bytes_per_word"],
+          r["gflops"]]])
+    (ceiling,) = [l for l in ax.get_lines() if l.get_gid() == "ceiling_gflops"]
+    self.assertEqual(ceiling.get_ydata()[0],
+                     max(r["ceiling_gflops"] for r in results))
+    if _kernels_buildable():
+      (peak,) = [l for l in ax.get_lines()
+                 if l.get_gid() == "fma_peak_gflops"]
+      self.assertEqual(peak.get_ydata()[0],
+                       max(r["fma_peak_gflops"] for r in results))
 
   def testReportsThePlanOfTheTrainingStep(self):
     # Hidden 512, batch 10, 8 steps: the recurrent kernels where they run.
@@ -295,6 +294,14 @@ class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
   def testEachEndsInOneLineBeforeAnyMeasurement(self):
     gzipped = testing.make_gzipped_corpus(os.path.join(self.tmp, "gzipped"))
     a_file = os.path.join(self.data, "ptb.test.txt")
+    png = os.path.join(self.tmp, "roofline.png")
+    bad_json, no_results = (os.path.join(self.tmp, name)
+                            for name in ("bad.json", "summary.json"))
+    with open(bad_json, "w") as f:
+      f.write("{\"results\": [")
+    with open(no_results, "w") as f:
+      json.dump({"epochs": []}, f)
+    missing = os.path.join(self.tmp, "missing.json")
     testing.assert_each_refused(self, "benchmark.py", [
         (["--steps=0"], "--steps=0 must be at least 1", 2),
         (["--warmup=-1"], "--warmup=-1 must be 0 or more", 2),
@@ -320,7 +327,27 @@ class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
         (["--output_json=" + self.tmp], "is a directory; give a file name", 1),
         (["--output_json=" + os.path.join(a_file, "out.json")],
          "cannot be written: Not a directory", 1),
+        (["--roofline_from=" + no_results],
+         "--roofline_from draws into --roofline=FILE.png, which is not "
+         "given", 2),
+        (["--roofline=" + png, "--roofline_from=" + missing],
+         "--roofline_from=%s cannot be read: No such file or directory"
+         % missing, 2),
+        (["--roofline=" + png, "--roofline_from=" + bad_json],
+         "--roofline_from=%s is not JSON" % bad_json, 2),
+        (["--roofline=" + png, "--roofline_from=" + no_results],
+         "is not benchmark.py's --output_json: it has no list of "
+         "\"results\"", 2),
+        (["--roofline=" + png, "--roofline_from=,"],
+         "--roofline_from=, names nothing", 2),
+        (["--roofline=" + png, "--roofline_from=" + no_results,
+          "--output_json=" + os.path.join(self.tmp, "out.json")],
+         "--roofline_from measures nothing", 2),
+        (["--roofline=" + os.path.join(self.tmp, "roofline.txt")],
+         "give a file name ending in .png", 2),
+        (["--roofline=" + self.tmp], "is a directory; give a file name", 1),
     ], self._run)
+    self.assertFalse(os.path.exists(png))
     # One as a program: the real entry point, TensorFlow's set-up and all.
     testing.assert_error_line(
         self, "benchmark.py", testing.run_program(
