@@ -29,9 +29,10 @@ PRODUCTS = (FLOAT32, BFLOAT16)
 
 # Bytes a step moves for each element of a weight, at the least (see
 # train_bytes_per_word): float32 reads it forward and backward and writes
-# it; bfloat16 products read a bfloat16 copy twice and write the float32
-# master and its copy.
-_WEIGHT_BYTES = {FLOAT32: 4 + 4 + 4, BFLOAT16: 2 + 2 + 4 + 2}
+# it; with bfloat16 products the forward pass reads a bfloat16 copy, the
+# backward pass the float32 master (the update needs that read), and the
+# update writes both.
+_WEIGHT_BYTES = {FLOAT32: 4 + 4 + 4, BFLOAT16: 2 + 4 + 4 + 2}
 
 # The figure: inches and dots per inch, as plot_run.py sizes its own.
 _FIGSIZE = (9, 6.5)
@@ -82,11 +83,15 @@ def train_bytes_per_word(config, products=FLOAT32):
 
   With bfloat16 products (bfloat16 operands, float32 sums, float32 master
   weights), each product weight (the LSTM kernels, the softmax weights)
-  costs 10 bytes instead: a bfloat16 copy read in the forward pass and in
-  the backward pass (2 + 2), the float32 master written by the update (4)
-  with its new bfloat16 copy (2). The update's read of the float32 master
-  is not counted. The biases and the embedding stay float32, and so do the
-  activations: each product's output is cast back to float32 at once.
+  still costs 12 bytes at the least: a bfloat16 copy read in the forward
+  pass (2), the float32 master read in the backward pass, rounded as it is
+  read, a read the update shares (4), and the master written with its new
+  copy (4 + 2). The update must read the master, so a bfloat16 step moves
+  no fewer bytes of weights than a float32 one: its gain is the compute
+  roof, and the re-reads of a weight within a step (every time step's
+  recurrent product), which this count leaves out and bfloat16 halves.
+  The biases, the embedding and the activations stay float32: each
+  product's output is cast back to float32 at once.
 
   Args:
     config: the model's config (hidden_size, vocab_size, num_layers,
