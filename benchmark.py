@@ -25,6 +25,12 @@ is the bound the config is under, with the run's fraction of it
   python benchmark.py --data_path=DIR --model=small,medium --rnn_mode=BASIC,BLOCK \\
       --num_gpus=0 --steps=60 --warmup=5
 
+With --use_bf16 the products run in bfloat16 (ptb/bfloat16.py): the line
+adds the CPU's bfloat16 peak (bf16_peak_gflops, the kernels' Bf16Peak on
+AVX512_BF16 or AMX; unknown on a CPU without either, whose converted
+products run on the FMA units), and the fraction and the compute roof are
+of the peak that bounds the products.
+
 The last line printed is `wps: N` for the last combination. With
 --roofline=FILE.png it also draws the machine's roofline with this call's
 results on it; with --roofline_from=A.json,B.json as well, it measures
@@ -32,7 +38,6 @@ nothing and draws the results of those --output_json files instead (a
 float32 run's and a bfloat16 run's, say).
 """
 
-import os
 import time
 
 from ptb import monitor
@@ -47,11 +52,12 @@ if __name__ == "__main__":
 from absl import flags  # pylint: disable=g-import-not-at-top
 import tensorflow as tf
 
+from ptb import bfloat16
 from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb import errors
-from ptb import kernels
+from ptb import machine
 from ptb import outputs
 from ptb import plan as plan_lib
 from ptb import roofline as roofline_lib
@@ -74,122 +80,6 @@ FLAGS = flags.FLAGS
 _FLAG_RANGES = {"steps": (1, True), "warmup": (0, True)}
 
 
-def llc_bytes(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
-  """The last-level cache's size in bytes, from sysfs (None if unknown)."""
-  best = None
-  try:
-    for index in sorted(os.listdir(cache_dir)):
-      if not index.startswith("index"):
-        continue
-      with open(os.path.join(cache_dir, index, "level")) as f:
-        level = int(f.read())
-      with open(os.path.join(cache_dir, index, "size")) as f:
-        text = f.read().strip()
-      unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-      size = int(text.rstrip("KMG")) * unit
-      if best is None or level > best[0]:
-        best = (level, size)
-  except (OSError, ValueError):
-    return None
-  return best and best[1]
-
-
-def _measuring_library():
-  """The kernels' op library for measuring the machine, or None.
-
-  None without a vector width or a compiler, or if the build fails: the
-  measurements are then reported as unknown.
-  """
-  if plan_lib.kernel_width()[0] is None or not kernels.compiler_found():
-    return None
-  try:
-    return kernels.load_library()
-  except (RuntimeError, OSError, tf.errors.OpError):
-    return None
-
-
-def memory_bandwidth(session_config, array_bytes=None, trials=5):
-  """GB/s of a STREAM triad on the session's threads, or None without kernels.
-
-  The kernels' StreamTriad op (a = b + 3 c) on every thread of the
-  session's pool, each on its own contiguous part, with arrays of 8 times
-  the last-level cache (at least 64 MiB each): the figure that an
-  independent STREAM run reports. Bytes are STREAM's count, 12 an element.
-  The fastest of a few rounds; the arrays are gone when it returns.
-  """
-  library = _measuring_library()
-  if library is None:
-    return None
-  n = (array_bytes or max(64 << 20, 8 * (llc_bytes() or 0))) // 4
-  with tf.Graph().as_default():
-    elements = tf.compat.v1.placeholder(tf.int64, [])
-    seconds = library.stream_triad(elements, tf.constant(trials, tf.int64))
-    with tf.compat.v1.Session(config=session_config) as session:
-      # The session's first call starts its pool's threads: a small one.
-      session.run(seconds, {elements: 1 << 16})
-      return 12 * n / session.run(seconds, {elements: n}) / 1e9
-
-
-def matmul_ceiling(session_config, size=2048, seconds=0.7, trials=4):
-  """GFLOP/s of float32 `size`^3 matrix multiplies in TensorFlow, here.
-
-  The best of several short trials: on a shared machine a neighbour's burst
-  lowers one trial, and the ceiling is what the machine can do.
-  """
-  with tf.Graph().as_default():
-    a = tf.Variable(tf.random.uniform([size, size]))
-    b = tf.Variable(tf.random.uniform([size, size]))
-    # Distinct products, so that no graph optimisation merges them.
-    products = [tf.matmul(a * (1.0 + i), b)[0, 0] for i in range(4)]
-    with tf.compat.v1.Session(config=session_config) as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      session.run(products)
-      best = 0.0
-      for _ in range(trials):
-        runs, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-          session.run(products)
-          runs += 1
-        elapsed = time.perf_counter() - start
-        best = max(best, runs * len(products) * 2 * size ** 3 / elapsed / 1e9)
-  return best
-
-
-def fma_peak(session_config, seconds=0.05, trials=5):
-  """GFLOP/s of this CPU's float32 FMA units, or None where it is unknown.
-
-  The kernels' FmaPeak op runs independent FMA chains in registers on every
-  thread of the session's pool, in the width the kernels run here (so with
-  PTB_KERNEL_ISA=avx2, the AVX2 peak): no memory, no dependency stalls, the
-  figure no code on this machine can exceed. Best of a few short trials.
-  None without a compiler or a width (see ptb/kernels.py).
-  """
-  library = _measuring_library()
-  if library is None:
-    return None
-  with tf.Graph().as_default():
-    iterations = tf.compat.v1.placeholder(tf.int64, [])
-    flops, checksum = library.fma_peak(iterations)
-    with tf.compat.v1.Session(config=session_config) as session:
-
-      def trial(n):
-        """(FLOPs done, seconds taken) of n rounds."""
-        start = time.perf_counter()
-        done = session.run([flops, checksum], {iterations: n})[0]
-        return done, time.perf_counter() - start
-
-      trial(1000)  # the first call starts the pool's threads: not timed
-      # Rounds enough to take `seconds`, judged by the faster of two calls:
-      # one call slowed by the scheduler must not stop the search at a
-      # count whose trials would time session.run's overhead instead.
-      n, elapsed = 1000, min(trial(1000)[1], trial(1000)[1])
-      while elapsed < seconds:
-        n = int(n * min(100.0, 2 * seconds / max(elapsed, 1e-6)))
-        elapsed = min(trial(n)[1], trial(n)[1])
-      return max(done / took / 1e9
-                 for done, took in (trial(n) for _ in range(trials)))
-
-
 def measure(model_name, rnn_mode, train_data, devices, session_config):
   """Times training steps of one model/rnn_mode; returns (figures, config)."""
   config = config_lib.resolve_config(
@@ -198,8 +88,9 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode, FLAGS.cpu_towers)
   # What the training step runs (figures of machines compare only like
   # with like): the plan it is built from.
+  products = bfloat16.products(FLAGS.use_bf16)
   plan = plan_lib.make(config, devices, ptb_word_lm.data_type(FLAGS.use_fp16),
-                       plan_lib.offered())
+                       plan_lib.offered(), products=products)
   with tf.Graph().as_default():
     if FLAGS.seed is not None:
       tf.compat.v1.set_random_seed(FLAGS.seed)
@@ -232,17 +123,36 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
-          "gflops": wps * flops / 1e9, "products": roofline_lib.FLOAT32,
+          "gflops": wps * flops / 1e9, "products": products,
           "plan": dict(plan_lib.fields(plan)),
           "matmul": onednn.matmul_library()}, config
 
 
 def _peak_text(r):
-  """The result line's FMA-peak fields: unknown ones say so."""
-  if r["fma_peak_gflops"] is None:
-    return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
-  return ("fma_peak_gflops=%(fma_peak_gflops).1f "
-          "peak_fraction=%(peak_fraction).3f isa=%(kernel_isa)s" % r)
+  """The result line's peak fields: unknown ones say so.
+
+  fma_peak_gflops, then with bfloat16 products bf16_peak_gflops; the
+  peak_fraction is of the peak that bounds the products (compute_peak).
+  """
+  def figure(key, form):
+    return "%s=%s" % (key, "unknown" if r[key] is None else form % r[key])
+  fields = [figure("fma_peak_gflops", "%.1f")]
+  if r["products"] == bfloat16.BFLOAT16:
+    fields.append(figure("bf16_peak_gflops", "%.1f"))
+  fields += [figure("peak_fraction", "%.3f"),
+             "isa=%s" % (r["kernel_isa"] if r["fma_peak_gflops"] else "none")]
+  return " ".join(fields)
+
+
+def compute_peak(products, fma, bf16):
+  """The peak that bounds products of dtype `products`, None if unknown.
+
+  bfloat16 products run on the bfloat16 unit where the CPU has one, else
+  (--force_bf16) on the float32 FMA units, converted.
+  """
+  if products == bfloat16.BFLOAT16 and bf16 is not None:
+    return bf16
+  return fma
 
 
 def _roofline_text(r):
@@ -257,14 +167,17 @@ def _roofline_text(r):
       figure("bound", "%s"), figure("roof_fraction", "%.3f")])
 
 
-def _limits(session_config, bandwidth=True):
-  """(matmul ceiling, FMA peak, bandwidth) measured now; None where unknown.
+def _limits(session_config, bandwidth=True, bf16=False):
+  """(matmul ceiling, FMA peak, bfloat16 peak, bandwidth) measured now.
 
-  The bandwidth comes first, so that compute separates it from a model
-  measured next; without `bandwidth`, it is None.
+  None where unknown. The bandwidth comes first, so that compute separates
+  it from a model measured next; without `bandwidth`, it is None; the
+  bfloat16 peak is measured only with `bf16` (--use_bf16).
   """
-  gbs = memory_bandwidth(session_config) if bandwidth else None
-  return matmul_ceiling(session_config), fma_peak(session_config), gbs
+  gbs = machine.memory_bandwidth(session_config) if bandwidth else None
+  return (machine.matmul_ceiling(session_config),
+          machine.fma_peak(session_config),
+          machine.bf16_peak(session_config) if bf16 else None, gbs)
 
 
 def _better(x, y):
@@ -303,6 +216,8 @@ def check_combinations(models, modes, devices, train_data, words):
           FLAGS.config_overrides, announce=False)
       devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
                                 FLAGS.cpu_towers)
+      bfloat16.check(FLAGS.use_bf16, FLAGS.use_fp16, FLAGS.force_bf16,
+                     devices, config.rnn_mode)
       reader.check_vocab_size(words, config.vocab_size)
       reader.check_epoch_size(len(train_data),
                               config.batch_size * len(devices),
@@ -371,7 +286,7 @@ def main(_):
   # utilisation 1.16. The FMA peak likewise, and the bandwidth after each
   # combination only: a model measured just after the triad trained a few
   # per cent slower (None where unknown).
-  limits = _limits(session_config, bandwidth=False)
+  limits = _limits(session_config, bandwidth=False, bf16=FLAGS.use_bf16)
   results = []
   for model_name in models:
     for mode in modes:
@@ -380,12 +295,14 @@ def main(_):
       r, config = measure(model_name, mode, train_data, devices,
                           session_config)
       r["peak_rss_mib"] = monitor.peak_rss_mib()
-      after = _limits(session_config)
-      ceiling, peak, bandwidth = (_better(x, y)
-                                  for x, y in zip(limits, after))
+      after = _limits(session_config, bf16=FLAGS.use_bf16)
+      ceiling, fma, bf16, bandwidth = (_better(x, y)
+                                       for x, y in zip(limits, after))
+      peak = compute_peak(r["products"], fma, bf16)
       r.update(ceiling_gflops=ceiling,
                ceiling_trials_gflops=[limits[0], after[0]],
-               mfu=r["gflops"] / ceiling, fma_peak_gflops=peak,
+               mfu=r["gflops"] / ceiling, fma_peak_gflops=fma,
+               bf16_peak_gflops=bf16,
                peak_fraction=r["gflops"] / peak if peak else None,
                kernel_isa=plan_lib.kernel_width()[0])
       r.update(roofline_lib.roofline(r, config, peak, bandwidth,

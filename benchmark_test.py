@@ -14,8 +14,10 @@ from unittest import mock
 from absl.testing import flagsaver
 import tensorflow as tf
 
+from ptb import bfloat16
 from ptb import errors
 from ptb import kernels
+from ptb import machine
 from ptb import plan as plan_lib
 from ptb import roofline
 from ptb import testing
@@ -53,40 +55,6 @@ def _roofline_fields():
               known("(compute|bandwidth)"), known(r"\S+")))
 
 
-class BenchmarkTest(tf.test.TestCase):
-
-  def testLastLevelCacheFromSysfs(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      for index, level, size in ((0, 1, "32K"), (2, 2, "512K"),
-                                 (3, 3, "32768K")):
-        os.makedirs(os.path.join(tmp, "index%d" % index))
-        for name, value in (("level", str(level)), ("size", size)):
-          with open(os.path.join(tmp, "index%d" % index, name), "w") as f:
-            f.write(value + "\n")
-      with open(os.path.join(tmp, "uevent"), "w") as f:
-        f.write("")
-      self.assertEqual(benchmark.llc_bytes(tmp), 32 << 20)
-      self.assertIsNone(benchmark.llc_bytes(os.path.join(tmp, "none")))
-
-  def testMemoryBandwidthOrNone(self):
-    with mock.patch.object(plan_lib, "kernel_width",
-                           return_value=(None, "no width")):
-      self.assertIsNone(benchmark.memory_bandwidth(None))
-    if _kernels_buildable():
-      # Any memory system of this century streams more than 0.5 GB/s.
-      self.assertGreater(
-          benchmark.memory_bandwidth(None, array_bytes=8 << 20, trials=1),
-          0.5)
-
-  def testFmaPeakInTheKernelsWidthOrNone(self):
-    with mock.patch.object(plan_lib, "kernel_width",
-                           return_value=(None, "no width")):
-      self.assertIsNone(benchmark.fma_peak(None))
-    if _kernels_buildable():
-      # One core at 1 GHz with one 8-lane FMA unit does 16 GFLOP/s.
-      self.assertGreater(benchmark.fma_peak(None, seconds=0.01, trials=2), 16)
-
-
 def run_benchmark(args):
   """Runs benchmark.main with the command line `args` in this process.
 
@@ -106,10 +74,11 @@ def run_benchmark(args):
                                                 trials=2)),
                         ("memory_bandwidth", dict(array_bytes=8 << 20,
                                                   trials=1)),
-                        ("fma_peak", dict(seconds=0.01, trials=2))):
+                        ("fma_peak", dict(seconds=0.01, trials=2)),
+                        ("bf16_peak", dict(seconds=0.01, trials=2))):
       stack.enter_context(mock.patch.object(
-          benchmark, name, functools.partial(getattr(benchmark, name),
-                                             **short)))
+          machine, name, functools.partial(getattr(machine, name),
+                                           **short)))
     stack.enter_context(contextlib.redirect_stdout(out))
     benchmark.FLAGS(argv)
     benchmark.main(argv)
@@ -346,6 +315,8 @@ class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
         (["--roofline=" + os.path.join(self.tmp, "roofline.txt")],
          "give a file name ending in .png", 2),
         (["--roofline=" + self.tmp], "is a directory; give a file name", 1),
+        (["--use_bf16", "--force_bf16", "--use_fp16"],
+         "--use_bf16 and --use_fp16 exclude each other", 2),
     ], self._run)
     self.assertFalse(os.path.exists(png))
     # One as a program: the real entry point, TensorFlow's set-up and all.
@@ -353,6 +324,47 @@ class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
         self, "benchmark.py", testing.run_program(
             "benchmark.py", ["--data_path=" + self.data, "--steps=0"]),
         "--steps=0 must be at least 1", 2, alone=False)
+
+
+  def testBfloat16OnACpuWithoutAUnitBeforeAnyMeasurement(self):
+    cpuinfo = os.path.join(self.tmp, "cpuinfo")
+    with open(cpuinfo, "w") as f:
+      f.write("flags\t\t: avx2 fma\n")
+    with mock.patch.object(bfloat16, "CPUINFO", cpuinfo):
+      testing.assert_error_line(
+          self, "benchmark.py", self._run(["--use_bf16"]),
+          "this CPU has no bfloat16 unit (AVX512_BF16 or AMX)", 2)
+
+
+class Bfloat16BenchmarkTest(tf.test.TestCase):
+  """A --use_bf16 run (forced where the CPU has no bfloat16 unit)."""
+
+  def testProductsAndTheirPeak(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      testing.make_corpus(tmp)
+      out_json = os.path.join(tmp, "bench.json")
+      out = run_benchmark([
+          "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
+          "--warmup=1", "--use_bf16", "--force_bf16",
+          "--output_json=" + out_json, "--config_overrides=vocab_size=100"])
+      with open(out_json) as f:
+        r = json.load(f)["results"][0]
+    self.assertEqual((r["products"], r["plan"]["products"]),
+                     ("bfloat16", "bfloat16"))
+    self.assertIn(" products=bfloat16 ", out)
+    bf16 = r["bf16_peak_gflops"]
+    if not kernels.bf16_units() or not _kernels_buildable():
+      # Its products run on the float32 FMA units, converted.
+      self.assertIsNone(bf16)
+      self.assertIn(" bf16_peak_gflops=unknown ", out)
+      peak = r["fma_peak_gflops"]
+    else:
+      self.assertGreater(bf16, r["fma_peak_gflops"])
+      peak = bf16
+    if peak:
+      self.assertAllClose(r["peak_fraction"], r["gflops"] / peak)
+      self.assertAllClose(r["compute_roof_wps"],
+                          peak * 1e9 / r["train_flops_per_word"])
 
 
 class EvalUnrollTest(tf.test.TestCase):
