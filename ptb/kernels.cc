@@ -78,8 +78,8 @@ using XentRowFn = float (*)(const float* logits, const float* b, int64_t n,
                             int64_t label, float* out);
 using CellRowFn = void (*)(const float* gates, const float* cs_prev,
                            int64_t hidden, float* const* out);
-using FmaChainsFn = float (*)(int64_t iterations);
-using Bf16ChainsFn = float (*)(int64_t iterations);  // Bf16Peak's
+// The peak ops' register work: `iterations` rounds, returning a checksum.
+using ChainsFn = float (*)(int64_t iterations);
 using TriadFn = void (*)(const float* b, const float* c, float* a, int64_t n);
 using OuterBlockFn = void (*)(const float* x, int64_t M, int64_t K,
                               const float* g, int64_t N, float alpha,
@@ -312,7 +312,7 @@ constexpr double kFlopsPerIteration = 2.0 * 2 * kLanes * kChains;
 
 // Bf16Peak's work on one thread with VDPBF16PS: `iterations` rounds of
 // kChains chains acc += x . x (a pair of products a lane), in registers; a
-// Bf16ChainsFn. Chain i starts at i / 1024 in every lane. Returns the sum of
+// ChainsFn. Chain i starts at i / 1024 in every lane. Returns the sum of
 // all lanes, which the op reports, so that no chain can be dropped.
 float DotChains(int64_t iterations) {
   __m512 acc[kChains];
@@ -371,7 +371,7 @@ void Publish(const void* p) { __asm__ volatile("" : : "r"(p) : "memory"); }
 
 // Bf16Peak's work on one thread with AMX: configures the tiles (a thread's
 // own state), loads the sources, then `iterations` rounds of one TDPBF16PS
-// per accumulator; a Bf16ChainsFn. Returns the sum of the accumulators'
+// per accumulator; a ChainsFn. Returns the sum of the accumulators'
 // floats, and releases the tiles, which leaves the thread as it found it.
 // The process must have the kernel's permission for the tile data
 // (RequestTileData) before any thread runs this.
@@ -874,15 +874,12 @@ lane of an FMA), over all threads; checksum: the chains' sum, so that none
 is optimised away. isa as in PanelMatMul.
 )doc");
 
-class FmaPeakOp : public OpKernel {
+// The peak ops' common part: `iterations` rounds of a chains function on
+// every thread of the op's pool, and the FLOPs that makes. A subclass's
+// constructor chooses the function and its FLOPs per round.
+class PeakOp : public OpKernel {
  public:
-  explicit FmaPeakOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    bool wide = false;
-    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "FmaPeak", &wide));
-    chains_ = wide ? &avx512::FmaChains : &avx2::FmaChains;
-    flops_per_iteration_ = wide ? avx512::kFlopsPerIteration
-                                : avx2::kFlopsPerIteration;
-  }
+  explicit PeakOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     const int64_t iterations = ctx->input(0).scalar<int64_t>()();
@@ -906,9 +903,20 @@ class FmaPeakOp : public OpKernel {
     checksum->scalar<float>()() = total;
   }
 
- private:
-  FmaChainsFn chains_;
-  double flops_per_iteration_;
+ protected:
+  ChainsFn chains_ = nullptr;
+  double flops_per_iteration_ = 0;
+};
+
+class FmaPeakOp : public PeakOp {
+ public:
+  explicit FmaPeakOp(OpKernelConstruction* ctx) : PeakOp(ctx) {
+    bool wide = false;
+    OP_REQUIRES_OK(ctx, ChooseWidth(ctx, "FmaPeak", &wide));
+    chains_ = wide ? &avx512::FmaChains : &avx2::FmaChains;
+    flops_per_iteration_ = wide ? avx512::kFlopsPerIteration
+                                : avx2::kFlopsPerIteration;
+  }
 };
 
 REGISTER_KERNEL_BUILDER(Name("FmaPeak").Device(DEVICE_CPU), FmaPeakOp);
@@ -936,9 +944,9 @@ product, a multiply and an add) over all threads, and checksum, the
 accumulators' sum, so that none is optimised away.
 )doc");
 
-class Bf16PeakOp : public OpKernel {
+class Bf16PeakOp : public PeakOp {
  public:
-  explicit Bf16PeakOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit Bf16PeakOp(OpKernelConstruction* ctx) : PeakOp(ctx) {
     std::string unit, chosen;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("unit", &unit));
     OP_REQUIRES_OK(ctx, ChooseBf16Unit(unit, CpuBf16Units(), &chosen));
@@ -951,32 +959,6 @@ class Bf16PeakOp : public OpKernel {
       flops_per_iteration_ = bf16_avx512::kFlopsPerIteration;
     }
   }
-
-  void Compute(OpKernelContext* ctx) override {
-    const int64_t iterations = ctx->input(0).scalar<int64_t>()();
-    OP_REQUIRES(ctx, iterations >= 0,
-                errors::InvalidArgument("iterations must be >= 0"));
-    const int threads =
-        ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
-    std::vector<float> sums(threads, 0.0f);
-    // As FmaPeak: one shard per thread, each far too costly to share.
-    Parallel(ctx, threads, int64_t{1} << 40, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) sums[t] = chains_(iterations);
-    });
-    Tensor* flops = nullptr;
-    Tensor* checksum = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &flops));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &checksum));
-    flops->scalar<double>()() =
-        static_cast<double>(iterations) * flops_per_iteration_ * threads;
-    float total = 0.0f;
-    for (float x : sums) total += x;
-    checksum->scalar<float>()() = total;
-  }
-
- private:
-  Bf16ChainsFn chains_;
-  double flops_per_iteration_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Bf16Peak").Device(DEVICE_CPU), Bf16PeakOp);
@@ -1510,7 +1492,7 @@ void Triad(const float* b, const float* c, float* a, int64_t n) {
 }
 
 // FmaPeak's work on one thread: `iterations` rounds of V::kChains
-// independent chains acc = acc * m + a, in registers; a FmaChainsFn. Returns
+// independent chains acc = acc * m + a, in registers; a ChainsFn. Returns
 // the chains' sum, which the op reports, so that none can be dropped.
 constexpr double kFlopsPerIteration = 2.0 * kW * V::kChains;
 
