@@ -9,9 +9,9 @@ figures against both roofs; figure() and draw() draw results of
 benchmark.py (its --output_json, or this call's) as people draw a roofline,
 log-log, one point a result.
 
-The products' dtype is named by the plain strings "float32" and
-"bfloat16" (FLOAT32, BFLOAT16): in bfloat16, the products' operands are
-bfloat16, their sums float32, and the weights keep float32 masters.
+The products' dtype is ptb/bfloat16.py's FLOAT32 or BFLOAT16: in bfloat16,
+the products' operands are bfloat16, their sums float32, and the weights
+keep float32 masters.
 """
 
 import importlib.util
@@ -21,10 +21,9 @@ import os
 
 from ptb import errors
 from ptb import outputs
+from ptb.bfloat16 import BFLOAT16, FLOAT32
 from ptb.errors import UserError
 
-FLOAT32 = "float32"
-BFLOAT16 = "bfloat16"
 PRODUCTS = (FLOAT32, BFLOAT16)
 
 # Bytes a step moves for each element of a weight, at the least (see
