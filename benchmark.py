@@ -119,7 +119,8 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   words = FLAGS.steps * config.batch_size * config.num_steps * len(devices)
   wps = words / elapsed
   flops = roofline_lib.train_flops_per_word(config)
-  return {"model": model_name, "rnn_mode": config.rnn_mode.upper(),
+  return {"model": model_name, "config_overrides": FLAGS.config_overrides,
+          "rnn_mode": config.rnn_mode.upper(),
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,

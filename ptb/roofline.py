@@ -275,8 +275,11 @@ def intensity(r):
 
 
 def _labels(results):
-  """Each result's label: model and products, with rnn_mode where needed."""
-  base = ["%s %s" % (r["model"], r.get("products", FLOAT32)) for r in results]
+  """Each result's label: model, its config overrides and products, with
+  rnn_mode where needed."""
+  base = ["%s%s %s" % (r["model"], " (%s)" % r["config_overrides"]
+                       if r.get("config_overrides") else "",
+                       r.get("products", FLOAT32)) for r in results]
   return [b + (" %s" % r["rnn_mode"] if base.count(b) > 1 and
                r.get("rnn_mode") else "") for b, r in zip(base, results)]
 

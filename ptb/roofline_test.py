@@ -196,6 +196,14 @@ class FigureTest(tf.test.TestCase):
     self.assertEqual([p.get_label() for p in lines(fig, "result")],
                      ["large float32 BASIC", "large float32 BLOCK"])
 
+  def testConfigOverridesNameTheirResult(self):
+    howto = dict(self.f32, rnn_mode="BLOCK",
+                 config_overrides="num_steps=2,hidden_size=1000")
+    fig = roofline.figure([self.f32, howto], cpu="Test CPU")
+    self.assertEqual([p.get_label() for p in lines(fig, "result")],
+                     ["large float32",
+                      "large (num_steps=2,hidden_size=1000) float32"])
+
   def testTitleFromTheResultsOrThisMachine(self):
     carried = dict(self.f32, cpu="AMD EPYC", tensorflow="2.21.0")
     self.assertEqual(roofline.figure([carried]).axes[0].get_title(),
