@@ -176,8 +176,10 @@ class InProcessBenchmarkTest(tf.test.TestCase):
     self.assertEqual(ax.get_ylabel(), "GFLOP/s")
     self.assertIn("TensorFlow %s" % tf.__version__, ax.get_title())
     points = [l for l in ax.get_lines() if l.get_gid() == "result"]
+    # Labelled with the run's config overrides, which the JSON records.
+    named = "test (%s) float32" % results[0]["config_overrides"]
     self.assertEqual([p.get_label() for p in points],
-                     ["test float32 BASIC", "test float32 BLOCK"])
+                     [named + " BASIC", named + " BLOCK"])
     for point, r in zip(points, results):
       self.assertEqual(point.get_xydata().tolist(), [[
           r["train_flops_per_word"] / r["train_bytes_per_word"],
