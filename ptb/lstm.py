@@ -53,8 +53,7 @@ def _forward_product(plan, w_h):
   """The forward step's product: a function (h, x) -> h @ w_h + x.
 
   Args:
-    plan: the plan.Lstm (its forward product: KERNELS or MATMUL, and the
-      products' dtype).
+    plan: the plan.Lstm (its forward product and the products' dtype).
     w_h: `[H, 4H]` recurrent weights, already the products' operand.
 
   Returns:
@@ -86,9 +85,8 @@ def _backward_product(plan, w_h, batch):
                                                  isa=plan.isa)
   if plan.backward != plan_lib.TRANSPOSED:
     # Too few products to pay for a transposed copy.
-    swapped = plan.backward == plan_lib.SWAPPED
     return lambda d_gates: transposed_product.matmul_transposed(
-        d_gates, w_h, swapped, plan.products)
+        d_gates, w_h, plan.backward == plan_lib.SWAPPED, plan.products)
   # w_h transposed once, so that the per-step product needs no transpose_b
   # (faster per step). Grappler would fold a Transpose that feeds a MatMul
   # back into transpose_b=True; the Snapshot between them (it forwards its
@@ -98,8 +96,9 @@ def _backward_product(plan, w_h, batch):
   return lambda d_gates: bfloat16.matmul(d_gates, w_h_t, plan.products)
 
 
-def split_kernel(kernel, input_size):
-  """The input rows `[I, 4H]` and the recurrent rows `[H, 4H]` of a kernel.
+def split_kernel(kernel, input_size, products=bfloat16.FLOAT32):
+  """A kernel's input rows `[I, 4H]` and recurrent rows `[H, 4H]`, operands
+  of `products` (bfloat16: cast once per call, for every step's product).
 
   Split as one flat vector, so that the pieces are views of the kernel:
   TensorFlow splits along dim 0 without a copy when each piece starts on a
@@ -111,8 +110,8 @@ def split_kernel(kernel, input_size):
   rows, cols = kernel.shape
   w_x, w_h = tf.split(tf.reshape(kernel, [-1]),
                       [input_size * cols, (rows - input_size) * cols])
-  return (tf.reshape(w_x, [input_size, cols]),
-          tf.reshape(w_h, [rows - input_size, cols]))
+  return tuple(bfloat16.operand(tf.reshape(w, [-1, cols]), products)
+               for w in (w_x, w_h))
 
 
 def ops_cell(gates, c):
@@ -162,9 +161,7 @@ def basic_forward(plan, x, c, h, kernel, bias):
   """
   blocks = wavefront.split_time(x)
   input_size = blocks[0].shape[2]
-  # Cast once per call: every step's product reads the products' operand.
-  w_x, w_h = (bfloat16.operand(w, plan.products)
-              for w in split_kernel(kernel, input_size))
+  w_x, w_h = split_kernel(kernel, input_size, plan.products)
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
@@ -220,8 +217,7 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   sizes = [b.shape[0] for b in blocks]
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
-  w_x, w_h = (bfloat16.operand(w, plan.products)
-              for w in split_kernel(kernel, input_size))
+  w_x, w_h = split_kernel(kernel, input_size, plan.products)
   product = _backward_product(plan, w_h, acts["cs"][-1].shape[0])
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
@@ -263,8 +259,7 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   xh = tf.concat([wavefront.join_time(blocks), tf.stack(acts["h_prev"])],
                  2)                                           # [T, B, I+H]
   flat_xh = tf.reshape(xh, [-1, input_size + hidden])
-  d_kernel = bfloat16.matmul(flat_xh, flat_g, plan.products,
-                             transpose_a=True)
+  d_kernel = bfloat16.matmul(flat_xh, flat_g, plan.products, transpose_a=True)
   d_bias = tf.reduce_sum(flat_g, 0)
   return d_x, d_c, d_h, d_kernel, d_bias, (flat_xh, flat_g)
 
