@@ -67,17 +67,15 @@ from ptb import dropout
 from ptb import errors
 from ptb import extra_flags
 from ptb import low_rank_update
-from ptb import lstm
 from ptb import outputs
 from ptb import plan as plan_lib
-from ptb import softmax
 from ptb import state as state_lib
 from ptb import summary as summary_lib
+from ptb import tower
 from ptb import training
 # The original's mode names, for the configs and the users of this module.
 from ptb.config import AUTO, BASIC, BLOCK, CUDNN
 from ptb.params import create_params
-from ptb.state import TowerState
 from ptb.watch import SignalCatcher
 from ptb.watch import Watch
 import reader
@@ -283,8 +281,8 @@ class PTBModel(object):
       with tf.device(device), tf.name_scope("tower_%d" % k):
         # The backward pass puts the gradients it gives as factors here.
         factors = {} if plan.updates == plan_lib.FACTORS else None
-        cost, state = self._build_tower(x, y, w, params, config, dtype, seed,
-                                        plan, factors)
+        cost, state = tower.build(x, y, w, params, config, dtype, seed, plan,
+                                  factors)
         costs.append(cost)
         self._states.append(state)
         if is_training:
@@ -300,53 +298,9 @@ class PTBModel(object):
         self._train_op = util.train_op(tower_grads, variables, self._lr,
                                        config.max_grad_norm, replica,
                                        plan.isa)
-    self._update_state, self._reset_state = state_lib.store_and_reset(
+    self.update_state, self.reset_state = state_lib.store_and_reset(
         self._states, [self._train_op if is_training else self._cost],
         carry_state)
-
-  def _build_tower(self, input_data, targets, weights, params, config, dtype,
-                   seed, plan, factors):
-    """One tower's (cost, TowerState); cost sums the batch-averaged loss.
-
-    Args:
-      input_data, targets: int32 `[batch, steps]`.
-      weights: float32 `[batch, steps]` or None (all ones).
-      seed: int64 `[2]`, this tower's dropout seed, or None (no dropout).
-      plan: the model's plan.Step.
-      factors: None, or the dict in which the backward pass leaves the
-        gradients it gives as factors (low_rank_update.py).
-    """
-    batch_size = input_data.shape[0]
-    size, num_layers = config.hidden_size, config.num_layers
-
-    # The state lives in the graph (the original fed it, and not at all
-    # with --num_gpus=0): a step needs no feed.
-    state_var, initial_state = state_lib.tower_state(num_layers, batch_size,
-                                                     size, dtype)
-
-    # Time-major from here on: [steps, batch, ...].
-    inputs = tf.nn.embedding_lookup(params.embedding, tf.transpose(input_data))
-    # Dropout masks (dropout.py): the wavefront applies those between layers.
-    masks = dropout.model_masks([input_data.shape[1], batch_size, size],
-                                config.keep_prob, num_layers, dtype, seed)
-    if masks:
-      inputs *= masks["input"]
-    inputs, final_state = lstm.lstm_stack(
-        plan.lstm, inputs, initial_state, params.kernels, params.biases,
-        masks.get("layers"), factors)
-    if masks:
-      inputs *= masks["output"]
-
-    output = tf.reshape(inputs, [-1, size])
-    loss = softmax.softmax_loss(plan.softmax, output, params.softmax_w,
-                                params.softmax_b,
-                                tf.reshape(tf.transpose(targets), [-1]),
-                                factors)
-    if weights is not None:
-      loss *= tf.reshape(tf.transpose(weights), [-1])
-    cost = tf.reduce_sum(loss) / tf.cast(batch_size, tf.float32)
-    return cost, TowerState(state_var, initial_state, tuple(final_state),
-                            masks)
 
   def assign_lr(self, session, lr_value):
     session.run(self._lr_update, feed_dict={self._new_lr: lr_value})
@@ -381,14 +335,6 @@ class PTBModel(object):
   @property
   def train_op(self):
     return self._train_op
-
-  @property
-  def update_state(self):
-    return self._update_state
-
-  @property
-  def reset_state(self):
-    return self._reset_state
 
   @property
   def state_variables(self):
