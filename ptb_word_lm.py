@@ -235,8 +235,7 @@ class PTBModel(object):
   """
 
   def __init__(self, is_training, config, input_, devices=("/cpu:0",),
-               use_fp16=False, replica=(0, 1), carry_state=True, plan=None,
-               use_bf16=False):
+               use_fp16=False, replica=(0, 1), carry_state=True, plan=None):
     """Builds the model.
 
     Args:
@@ -251,16 +250,14 @@ class PTBModel(object):
         False starts every step from zeros (--train_from_zero_state).
       plan: this model's part of the run's plan (a plan.Step: its LSTM
         path, products, softmax loss and updates); None: the plan's
-        choices for this input, devices and dtype here.
-      use_bf16: with plan None, bfloat16 products (ptb/bfloat16.py).
+        choices for this input, devices and dtype here (float32 products).
     """
     self._input = input_
     dtype = data_type(use_fp16)
     if plan is None:
       plan = plan_lib.step(
           config, input_.batch_size, input_.num_steps * input_.steps_per_call,
-          devices, dtype, plan_lib.offered(), is_training, replica[1],
-          products=bfloat16.products(use_bf16))
+          devices, dtype, plan_lib.offered(), is_training, replica[1])
 
     with tf.device(util.variable_device(devices)):
       params = create_params(config, dtype)
@@ -394,12 +391,12 @@ def get_config(model, rnn_mode=None):
 
 def build_model(name, is_training, config, data, devices, use_fp16=False,
                 steps_per_call=1, reuse=False, replica=(0, 1),
-                carry_state=True, plan=None, use_bf16=False):
+                carry_state=True, plan=None):
   """One PTBInput and PTBModel under `name` ("Train", "Valid", ...).
 
   The first model creates the weights in variable scope "Model"
-  (reuse=False), the others share them; `replica`, `carry_state`, `plan`
-  (a plan.Step) and `use_bf16` as in PTBModel.
+  (reuse=False), the others share them; `replica`, `carry_state` and
+  `plan` (a plan.Step) as in PTBModel.
   """
   initializer = tf.compat.v1.random_uniform_initializer(
       -config.init_scale, config.init_scale)
@@ -412,12 +409,11 @@ def build_model(name, is_training, config, data, devices, use_fp16=False,
       return PTBModel(is_training=is_training, config=config, input_=input_,
                       devices=devices, use_fp16=use_fp16,
                       replica=replica if is_training else (0, 1),
-                      carry_state=carry_state, plan=plan, use_bf16=use_bf16)
+                      carry_state=carry_state, plan=plan)
 
 
 def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
-                 replica=(0, 1), train_from_zero_state=False, plan=None,
-                 use_bf16=False):
+                 replica=(0, 1), train_from_zero_state=False, plan=None):
   """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
   Validation and test run `max(1, eval_unroll // num_steps)` windows per
@@ -425,12 +421,12 @@ def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
   numbers in far fewer calls. They always carry their state; training does
   unless `train_from_zero_state`. Each follows its part of `plan` (a
   plan.Plan; None: plan.make's for these configs and devices here, with
-  bfloat16 products if `use_bf16`).
+  float32 products).
   """
   if plan is None:
     plan = plan_lib.make(config, devices, data_type(use_fp16),
                          plan_lib.offered(), replica[1], eval_config,
-                         eval_unroll, products=bfloat16.products(use_bf16))
+                         eval_unroll)
   train_data, valid_data, test_data = data
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
                         replica=replica, carry_state=not train_from_zero_state,

@@ -433,7 +433,8 @@ def bf16_lstm_failure():
     lstm = nn.LSTM(1, 1)
   try:
     with torch.autocast("cpu", dtype=torch.bfloat16):
-      lstm(torch.zeros(1, 1, 1))
+      output, _ = lstm(torch.zeros(1, 1, 1))
+    output.float().sum().backward()
   except RuntimeError as e:
     return " ".join(str(e).split()).split(". ")[0]
   return None

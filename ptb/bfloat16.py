@@ -6,12 +6,12 @@ operands in bfloat16 and accumulates in float32 (oneDNN, or the GPU's
 library); its output is cast back to float32 at once. Everything else stays
 float32: the variables (master weights), the update, the gradient norm and
 clipping, the cell state, the softmax and the loss. A bfloat16 product
-rounds its operands to 8 bits of mantissa, not its sums: the loss and the
-gradients agree with float32's to about 1 %.
+rounds its operands to 8 bits of mantissa and its result once, not its
+partial sums: the loss and the gradients agree with float32's to about 1 %.
 
-A weight is cast once per session call, outside the time loop, so that the
-recurrent product of every step reads half the bytes; the update writes only
-the float32 master. The plan (ptb/plan.py) carries the products' dtype
+A weight is cast outside the time loop, once for the forward pass and once
+for the backward pass of a session call, so that the recurrent product of
+every step reads half the bytes; the update writes only the float32 master. The plan (ptb/plan.py) carries the products' dtype
 (`products`, FLOAT32 or BFLOAT16) and the builders pass it here.
 
 The CPUs this benchmark measures compute bfloat16 on AVX512_BF16 (VDPBF16PS:

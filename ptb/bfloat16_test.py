@@ -1,5 +1,6 @@
 """Tests of bfloat16 products (--use_bf16): ptb/bfloat16.py and the model."""
 
+import dataclasses
 import os
 import tempfile
 from unittest import mock
@@ -8,10 +9,12 @@ import numpy as np
 import tensorflow as tf
 
 from ptb import bfloat16
+from ptb import lstm
 from ptb import plan as plan_lib
 from ptb import testing
 from ptb.bfloat16 import BFLOAT16, FLOAT32
 from ptb.errors import UserError
+from ptb.state import LSTMStateTuple
 import ptb_word_lm
 import ptb_word_lm_testing
 import util
@@ -177,6 +180,18 @@ class ModelTest(tf.test.TestCase):
                      plan_lib.BLOCK_LSTM)
     self.assertEqual(_plan(config, BFLOAT16, kernels=no_kernels).lstm.cell,
                      plan_lib.OPS_CELL)
+    # A plan that asked BlockLSTM for bfloat16 products anyway is refused.
+    block = _plan(config, FLOAT32, kernels=no_kernels).lstm
+    self.assertEqual(set(block.paths), {plan_lib.BLOCK_LSTM})
+    size, batch = config.hidden_size, config.batch_size
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(ValueError, "BlockLSTM cannot make bfloat16"):
+        lstm.lstm_layer(
+            dataclasses.replace(block, paths=block.paths[:1],
+                                products=BFLOAT16),
+            tf.zeros([config.num_steps, batch, size]),
+            LSTMStateTuple(tf.zeros([batch, size]), tf.zeros([batch, size])),
+            tf.zeros([2 * size, 4 * size]), tf.zeros([4 * size]))
 
   def testUpdateIsFloat32sGivenTheSameGradients(self):
     config = _config()

@@ -66,10 +66,15 @@ def write_failure(error, directory=None):
     if strerror in text:
       return strerror
   probe_failure = _probe_write(directory) if directory else None
+  return probe_failure or op_message(error)
+
+
+def op_message(error):
+  """An error's own text, one line: an OpError's without TensorFlow's frame."""
+  text = getattr(error, "message", None) or str(error)
   lines = [l.strip() for l in text.splitlines()
            if l.strip() and not l.strip().startswith(_OP_ERROR_FRAME)]
-  return probe_failure or (lines or [type(error).__name__])[0]
-
+  return (lines or [type(error).__name__])[0]
 
 
 def _probe_write(directory):

@@ -8,12 +8,11 @@ model takes, and lstm_stack follows it:
               basic_forward chunk by chunk, layer l + 1 starting on a chunk
               as soon as layer l has it; backward from the top layer down,
               likewise a chunk at a time.
-  LAYER       the same, one layer after the other (large): _build_layer,
-              one custom gradient per layer (_layer), basic_forward then
-              backward.
+  LAYER       the same, one layer after the other (large): one custom
+              gradient per layer (_layer), basic_forward then backward.
   BLOCK_LSTM  BLOCK where the kernels' cell cannot run (GPUs, float16, no
-              kernels): the tf.raw_ops.BlockLSTM forward (block_lstm), then
-              BASIC's backward (_build_block_lstm).
+              kernels; with bfloat16 products BASIC's cell runs instead):
+              BlockLSTM forward (block_lstm), BASIC's backward.
   CUDNN_RNN   _build_cudnn: one CudnnRNNV3 per layer and its registered
               gradient, on the canonical weights converted at every step
               (_cudnn_params). GPUs only: devices.check_devices refuses it
@@ -37,6 +36,8 @@ All paths take time-major inputs `[T, B, I]`, a state of `[B, H]` tensors
 and the canonical weights: kernel `[I + H, 4H]` with gate blocks (input,
 candidate, forget, output), bias `[4H]`; one checkpoint serves every mode.
 """
+
+import functools
 
 import tensorflow as tf
 
@@ -98,7 +99,7 @@ def _backward_product(plan, w_h, batch):
 
 def split_kernel(kernel, input_size, products=bfloat16.FLOAT32):
   """A kernel's input rows `[I, 4H]` and recurrent rows `[H, 4H]`, operands
-  of `products` (bfloat16: cast once per call, for every step's product).
+  of `products` (bfloat16: cast once per pass, for every step's product).
 
   Split as one flat vector, so that the pieces are views of the kernel:
   TensorFlow splits along dim 0 without a copy when each piece starts on a
@@ -284,7 +285,8 @@ def _basic_layer_forward(plan, x, c0, h0, kernel, bias):
 
 def _block_lstm_forward(plan, x, c0, h0, kernel, bias):
   """BLOCK_LSTM's forward: BlockLSTM, its outputs as basic_forward's acts."""
-  del plan  # BlockLSTM makes its own products.
+  if plan.products != bfloat16.FLOAT32:
+    raise ValueError("BlockLSTM cannot make bfloat16 products")
   outputs = block_lstm(x, c0, h0, kernel, bias)
   acts = {k: tf.unstack(v) for k, v in
           zip(("i", "cs", "f", "o", "ci", "co"), outputs[:6])}
@@ -488,17 +490,11 @@ def _build_cudnn(plan, x, state, kernel, bias, factors):
   return outputs, LSTMStateTuple(c[0], h[0])
 
 
-def _build_layer(plan, x, state, kernel, bias, factors):
-  return _layer(_basic_layer_forward, plan, x, state, kernel, bias, factors)
-
-
-def _build_block_lstm(plan, x, state, kernel, bias, factors):
-  return _layer(_block_lstm_forward, plan, x, state, kernel, bias, factors)
-
-
-_LAYER_BUILDERS = {plan_lib.LAYER: _build_layer,
-                   plan_lib.BLOCK_LSTM: _build_block_lstm,
-                   plan_lib.CUDNN_RNN: _build_cudnn}
+# Each takes (plan, x, state, kernel, bias, factors).
+_LAYER_BUILDERS = {
+    plan_lib.LAYER: functools.partial(_layer, _basic_layer_forward),
+    plan_lib.BLOCK_LSTM: functools.partial(_layer, _block_lstm_forward),
+    plan_lib.CUDNN_RNN: _build_cudnn}
 
 
 def lstm_layer(plan, x, state, kernel, bias):

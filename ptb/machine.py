@@ -12,6 +12,8 @@ import time
 
 import tensorflow as tf
 
+from ptb import bfloat16
+from ptb import errors
 from ptb import kernels
 from ptb import plan as plan_lib
 
@@ -151,11 +153,17 @@ def bf16_peak(session_config, seconds=0.05, trials=5, cpuinfo=None):
   The kernels' Bf16Peak op: AMX tile products where the CPU has them, else
   VDPBF16PS chains (AVX512_BF16), on every thread of the session's pool,
   as fma_peak measures float32. None on a CPU without either unit (its
-  bfloat16 products run on the float32 FMA units), or without the kernels.
+  bfloat16 products run on the float32 FMA units), without the kernels, or
+  where the op refuses the unit (not enabled by the OS, AMX tiles denied to
+  this process): a warning line gives the op's reason.
   """
-  if not kernels.bf16_units(cpuinfo or plan_lib.CPUINFO):
+  if not kernels.bf16_units(cpuinfo or bfloat16.CPUINFO):
     return None
   library = _measuring_library()
   if library is None:
     return None
-  return _peak(session_config, library.bf16_peak, seconds, trials)
+  try:
+    return _peak(session_config, library.bf16_peak, seconds, trials)
+  except tf.errors.OpError as e:
+    errors.warn("bfloat16 peak not measured: %s" % errors.op_message(e))
+    return None

@@ -1,5 +1,7 @@
 """Tests of ptb/machine.py: the machine's limits, measured in-process."""
 
+import contextlib
+import io
 import os
 import tempfile
 from unittest import mock
@@ -61,6 +63,26 @@ class MachineTest(tf.test.TestCase):
     # bfloat16 units multiply at least twice float32's lanes.
     self.assertGreater(machine.bf16_peak(None, seconds=0.01, trials=2),
                        1.5 * fma)
+
+  def testBfloat16PeakUnknownWhereTheOpRefusesTheUnit(self):
+    # cpuinfo lists the unit, the op finds it missing or not enabled (a
+    # VM's flags, AMX tiles denied): the peak is unknown, with the reason.
+    if not _kernels_buildable():
+      self.skipTest("the kernels cannot be built here")
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "cpuinfo")
+      with open(path, "w") as f:
+        f.write("flags\t\t: avx2 fma avx512_bf16\n")
+      # Where the unit is real, the op's refusal is simulated.
+      refusal = tf.errors.PermissionDeniedError(
+          None, None, "Bf16Peak: unit amx: the kernel refused")
+      with (mock.patch.object(machine, "_peak", side_effect=refusal)
+            if kernels.bf16_units() else contextlib.nullcontext()):
+        with mock.patch("sys.stderr", new_callable=io.StringIO) as stderr:
+          self.assertIsNone(machine.bf16_peak(None, seconds=0.01, trials=1,
+                                              cpuinfo=path))
+    self.assertRegex(stderr.getvalue(), r"^[^\n]+: warning: bfloat16 peak "
+                     r"not measured: Bf16Peak: unit [^\n]+\n$")
 
 
 if __name__ == "__main__":

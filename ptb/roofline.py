@@ -306,12 +306,13 @@ def _plain_log_labels(ax):
     axis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
 
 
-def _draw_roofs(ax, best, x_lo, x_hi):
+def _draw_roofs(ax, best, x_lo, x_hi, bf16=False):
   """Draws the roofs of the limits `best` (see limits()) from x_lo to x_hi.
 
   The bandwidth's slope rises to the highest ceiling; each ceiling runs
   flat from its ridge point, where the slope meets it (from x_lo without a
-  bandwidth). An unknown FMA peak or bandwidth is a legend entry alone.
+  bandwidth). An unknown FMA peak or bandwidth, or bfloat16 peak where
+  `bf16` (a bfloat16 result is drawn), is a legend entry alone.
   """
   bandwidth = best["bandwidth_gbs"]
   ceilings = [(key, name, best[key]) for key, name in _LIMITS[:3]
@@ -334,7 +335,7 @@ def _draw_roofs(ax, best, x_lo, x_hi):
     ax.annotate("%s %.1f GFLOP/s" % (name, peak), (x_hi, peak),
                 xytext=(-4, 3), textcoords="offset points", ha="right",
                 va="bottom", fontsize=8, color=_CEILING_COLORS[key])
-  for key, name in (_LIMITS[0], _LIMITS[3]):
+  for key, name in (_LIMITS[0], _LIMITS[3]) + (_LIMITS[1:2] if bf16 else ()):
     if best[key] is None:  # a legend entry with no line
       ax.plot([], [], " ", label="%s unknown" % name)
 
@@ -387,7 +388,8 @@ def figure(results, cpu=None):
   # Where the slope meets each ceiling: the ridge points.
   ridges = [peak / bandwidth for peak in peaks] if bandwidth else []
   x_lo, x_hi = min(xs + ridges) / 4, max(xs + ridges) * 4
-  _draw_roofs(ax, best, x_lo, x_hi)
+  _draw_roofs(ax, best, x_lo, x_hi,
+              any(r.get("products") == BFLOAT16 for r in results))
   for x, y, label, r in zip(xs, ys, _labels(results), results):
     ax.plot([x], [y], "o", ms=7, gid="result", label=label,
             color=_COLORS[r.get("products", FLOAT32)])

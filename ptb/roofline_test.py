@@ -178,6 +178,13 @@ class FigureTest(tf.test.TestCase):
     old["bf16_peak_gflops"] = None
     self.assertEqual(lines(roofline.figure([old], cpu="C"),
                            "bf16_peak_gflops"), [])
+    self.assertNotIn("bfloat16 peak unknown",
+                     legend_texts(roofline.figure([old], cpu="C")))
+    # A bfloat16 result on a CPU whose bfloat16 peak is unknown says so.
+    forced = dict(self.bf16, bf16_peak_gflops=None)
+    fig = roofline.figure([self.f32, forced], cpu="C")
+    self.assertEqual(lines(fig, "bf16_peak_gflops"), [])
+    self.assertIn("bfloat16 peak unknown", legend_texts(fig))
 
   def testUnknownLimitsSaySo(self):
     fig = roofline.figure([result("small", fma_peak_gflops=None,
