@@ -108,6 +108,7 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
       after step STOP_STEP of epoch 1.
     finished: those of a run of one epoch: its last checkpoint is at epoch
       1's end.
+    finished_test: that run's Test Perplexity line (BASIC, AUTO's mode here).
   """
 
   @classmethod
@@ -138,6 +139,7 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     assert stop is None, err
     # Its epoch is the uninterrupted run's first.
     assert perplexity_lines(out)[:2] == cls.reference[:2], out
+    cls.finished_test = perplexity_lines(out)[2]
 
   @classmethod
   def tearDownClass(cls):
@@ -205,6 +207,17 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     self.assertIn("Config changes since the checkpoint: max_max_epoch=2 (was "
                   "1)\n", out)
     self.assertEqual(perplexity_lines(out), self.reference[2:])
+
+  def testACheckpointOfBasicEvaluatesInBlockWithTheSameNumbers(self):
+    # BASIC and BLOCK share the variables and their layout (the SPEC).
+    self.finished_epoch_1()
+    out = self.resumed("max_max_epoch=1,rnn_mode=block")
+    self.assertIn("Config changes since the checkpoint: rnn_mode=block (was "
+                  "basic)\n", out)
+    (line,) = perplexity_lines(out)
+    self.assertRegex(line, r"^Test Perplexity: ")
+    self.assertAllClose(float(line.split(": ")[1]),
+                        float(self.finished_test.split(": ")[1]), rtol=1e-5)
 
   def testShapeChangeInAnEpochIsRefusedAndNothingWritten(self):
     self.interrupted_in_epoch_1()
@@ -312,11 +325,20 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
           self.run_training()
         self.assertEqual(writes, kinds[:write])
         out = self.resumed()
-        # Every perplexity of the uninterrupted run, the test's too.
-        self.assertEqual(perplexity_lines(out)[-1], self.reference[-1])
+        # What the resumed run prints is the uninterrupted run's end (epoch
+        # 2 and the test at least), and the summary has every epoch's
+        # perplexities and the test's as that run printed them.
+        lines = perplexity_lines(out)
+        self.assertGreaterEqual(len(lines), 3, out)
+        self.assertEqual(lines, self.reference[-len(lines):])
         with open(self.summary) as f:
           summary = json.load(f)
         self.assertEqual([e["epoch"] for e in summary["epochs"]], [1, 2])
+        self.assertEqual(
+            [line.split(": ")[-1] for line in self.reference],
+            ["%.3f" % e[k] for e in summary["epochs"]
+             for k in ("train_perplexity", "valid_perplexity")] +
+            ["%.3f" % summary["test_perplexity"]])
         self.assertEqual(summary["status"], "finished")
 
   def testACheckpointOfBlownUpWeightsIsSetAsideAndTheRerunFinishes(self):
