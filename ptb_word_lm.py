@@ -518,7 +518,7 @@ def main(_):
           start = None
           if not chief:
             continue
-          if cluster:
+          if cluster and epochs.train_wps() is not None:
             print("Epoch: %d Cluster speed: %.0f wps"
                   % (i + 1, epochs.train_wps()))
           valid_perplexity = run_epoch(

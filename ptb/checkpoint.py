@@ -140,18 +140,18 @@ def _kind(name):
   return re.sub(r"/tower_\d+/", "/tower_k/", name)
 
 
-def _remove_temporary_files(prefix):
-  """Removes what a failed save of `prefix` left: its temporary files.
+def _remove_temporary_files(directory, name=None):
+  """Removes what failed saves left in `directory` (of checkpoint `name`).
 
   Saver writes a checkpoint's files as `NAME.tempstateN` and its pointer
-  as `checkpoint.tmpN` before it renames them; a save that failed half-way
-  leaves them, and on a full disk they hold the room that the next save
-  needs.
+  as `checkpoint.tmpN` before it renames them; a save that failed or was
+  killed half-way leaves them, each as large as a checkpoint, and on a
+  full disk they hold the room that the next save needs.
   """
-  directory, name = os.path.split(prefix)
   try:
     for entry in os.listdir(directory):
-      if ((entry.startswith(name + ".") and ".tempstate" in entry) or
+      if ((".tempstate" in entry and
+           (name is None or entry.startswith(name + "."))) or
           entry.startswith("checkpoint.tmp")):
         os.remove(os.path.join(directory, entry))
   except OSError:  # the directory has gone, or was never there
@@ -198,6 +198,9 @@ class Checkpointer(object):
     self._saver = tf.compat.v1.train.Saver(var_list, max_to_keep=2,
                                            save_relative_paths=True)
     self._damaged = set(damaged)
+    # A save killed half-way (SIGKILL, a machine lost) left these; this
+    # process holds the directory's lock, so no other save is under way.
+    _remove_temporary_files(save_path)
     # The rotation goes on from the checkpoints already there, so that a
     # resumed run keeps them in the pointer and removes them in turn.
     self._saver.recover_last_checkpoints([
@@ -293,7 +296,7 @@ class Checkpointer(object):
     # Saver raises ValueError when the directory has gone.
     except (tf.errors.OpError, OSError, ValueError) as e:
       reason = write_failure(e, self._save_path)
-    _remove_temporary_files(prefix)
+    _remove_temporary_files(*os.path.split(prefix))
     try:
       last = newest_readable(self._save_path)[0]
     except UserError:

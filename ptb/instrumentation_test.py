@@ -105,6 +105,9 @@ class InstrumentationTest(tf.test.TestCase):
         # are the corpus's tokens less those that do not fill a batch.
         self.assertBetween(epoch["train_wps"] * epoch["train_seconds"],
                            0.9 * tokens, tokens)
+        self.assertAllClose(epoch["train_wps"] * epoch["train_seconds"],
+                            epoch["train_calls"] * summary["config"]
+                            ["batch_size"] * summary["config"]["num_steps"])
       self.assertAllClose(*[e["train_wps"] * e["train_seconds"]
                             for e in summary["epochs"]])  # the same words
       test = float(re.search(r"Test Perplexity: (\S+)", out).group(1))

@@ -208,6 +208,17 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
                   "1)\n", out)
     self.assertEqual(perplexity_lines(out), self.reference[2:])
 
+  def testWhatAKilledSaveLeftIsRemovedAtTheNextStart(self):
+    self.finished_epoch_1()
+    left = ["model.ckpt-99.data-00000-of-00001.tempstate7",
+            "model.ckpt-99.index.tempstate8", "checkpoint.tmp9"]
+    for name in left:
+      with open(os.path.join(self.save, name), "w") as f:
+        f.write("a save cut short")
+    out = self.resumed("max_max_epoch=2")
+    self.assertEqual(perplexity_lines(out), self.reference[2:])
+    self.assertEqual(set(left) & set(os.listdir(self.save)), set())
+
   def testACheckpointOfBasicEvaluatesInBlockWithTheSameNumbers(self):
     # BASIC and BLOCK share the variables and their layout (the SPEC).
     self.finished_epoch_1()

@@ -360,8 +360,10 @@ class EpochLog(object):
                     if checkpoints.saving else None)
 
   def train_wps(self):
-    """The last training pass's words a second, over all workers."""
-    return self._watch.train_wps() * self._workers
+    """The last training pass's words a second, over all workers (None:
+    no call of it in this process)."""
+    wps = self._watch.train_wps()
+    return None if wps is None else wps * self._workers
 
   def add(self, session, epoch, learning_rate, train_perplexity,
           valid_perplexity):
@@ -374,6 +376,7 @@ class EpochLog(object):
         "valid_perplexity": float(valid_perplexity),
         "train_wps": self.train_wps(),
         "train_seconds": self._watch.seconds("train"),
+        "train_calls": self._watch.train_calls(),
         "valid_seconds": self._watch.seconds("valid")})
     if self._checkpoints.saving:
       self._checkpoints.save_and_go_on(session, epoch, 0, 0.0)

@@ -124,13 +124,18 @@ class Watch(object):
     """How long the last pass of `phase` took."""
     return self._seconds[phase]
 
+  def train_calls(self):
+    """The session calls of the last training pass made in this process."""
+    return self._train_input.num_calls - self._train_start
+
   def train_wps(self):
-    """Words a second of the last training pass, in this process."""
+    """Words a second of the last training pass, in this process; None if
+    it made none of the pass's calls (resumed after them)."""
     data = self._train_input
-    words = ((data.num_calls - self._train_start) * data.batch_size *
-             data.num_towers * data.num_steps)
+    words = (self.train_calls() * data.batch_size * data.num_towers *
+             data.num_steps)
     seconds = self._seconds["train"]
-    return words / seconds if seconds else 0.0
+    return words / seconds if words and seconds else None
 
   def on_step(self, step, cost, costs):
     """Called by run_epoch after every session call (its `on_step`).

@@ -90,7 +90,16 @@ class WatchTest(tf.test.TestCase):
         on_step(step, 1.0, 3.0 + step)
     self.assertEqual(watch.seconds("train"), 2.0)
     # Calls 6 to 9, each of 4 rows in each of 2 towers, of 5 words.
+    self.assertEqual(watch.train_calls(), 4)
     self.assertEqual(watch.train_wps(), 4 * 4 * 2 * 5 / 2.0)
+
+  def testAPassResumedAfterItsLastCallHasNoSpeed(self):
+    # A run stopped in the valid pass resumes its training pass at the end.
+    watch = self.watch(FakeRunState())
+    with mock.patch.object(watch_lib.time, "time", return_value=100.0):
+      watch.begin("train", 1, start=(10, 30.0))
+    self.assertEqual(watch.train_calls(), 0)
+    self.assertIsNone(watch.train_wps())
 
   def testADivergedCostStopsAndASoundOneConfirms(self):
     checkpoints = FakeRunState()
