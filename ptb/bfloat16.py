@@ -11,8 +11,9 @@ partial sums: the loss and the gradients agree with float32's to about 1 %.
 
 A weight is cast outside the time loop, once for the forward pass and once
 for the backward pass of a session call, so that the recurrent product of
-every step reads half the bytes; the update writes only the float32 master. The plan (ptb/plan.py) carries the products' dtype
-(`products`, FLOAT32 or BFLOAT16) and the builders pass it here.
+every step reads half the bytes; the update writes only the float32 master.
+The plan (ptb/plan.py) carries the products' dtype (`products`, FLOAT32 or
+BFLOAT16) and the builders pass it here.
 
 The CPUs this benchmark measures compute bfloat16 on AVX512_BF16 (VDPBF16PS:
 AMD Zen 4 and later, Intel since Cooper Lake) or on AMX tiles (Intel Xeon
