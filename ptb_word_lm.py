@@ -532,7 +532,7 @@ def main(_):
         print("Test Perplexity: %.3f" % test_perplexity)
         summary.fields["test_perplexity"] = float(test_perplexity)
       training.print_peak_memory(devices)
-      if run_state.saving and run_state.write(session):
+      if run_state.saving and run_state.finish(session):
         print("Saving model to %s." % FLAGS.save_path)
       session.run(done)  # a cluster's ps tasks wait for every worker's
       epochs.close()

@@ -277,9 +277,11 @@ class Checkpointer(object):
 
     Saver writes into temporary files and renames them, and moves the
     `checkpoint` pointer only afterwards: a crash or a full disk mid-save
-    leaves the previous checkpoint usable. A damaged checkpoint that was
-    skipped on restart keeps its files: a new one of the same step gets
-    another name.
+    leaves the previous checkpoint usable. That holds only for a new name
+    (a rewrite cut short would leave new data under the old index), so a
+    second save of one step (an epoch's end after a run stopped in its
+    validation pass) takes another, and so does a new checkpoint of the step
+    of a damaged one, whose files are kept.
 
     Raises:
       SaveFailed: the save failed; it gives the operating system's reason
@@ -287,7 +289,8 @@ class Checkpointer(object):
     """
     prefix = os.path.join(self._save_path, "model.ckpt-%d" % (
         tf.compat.v1.train.global_step(session, global_step)))
-    while prefix in self._damaged:
+    taken = self._damaged | set(self._saver.last_checkpoints)
+    while prefix in taken:
       prefix += "r"
     try:
       # No meta graph: a resume rebuilds the graph from the code, and the

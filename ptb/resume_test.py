@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 from unittest import mock
 
@@ -207,6 +208,47 @@ class ResumeTest(ptb_word_lm_testing.InProcessRunTest):
     self.assertIn("Config changes since the checkpoint: max_max_epoch=2 (was "
                   "1)\n", out)
     self.assertEqual(perplexity_lines(out), self.reference[2:])
+
+  def testTheEndIsTheLastEpochsCheckpointNotWrittenAgain(self):
+    self.finished_epoch_1()
+    ckpt = tf.train.latest_checkpoint(self.save)
+    mtime = os.path.getmtime(ckpt + ".index")
+    out = self.resumed("max_max_epoch=1")  # straight to the test pass
+    self.assertIn("Saving model to %s." % self.save, out)
+    self.assertEqual(tf.train.latest_checkpoint(self.save), ckpt)
+    self.assertEqual(os.path.getmtime(ckpt + ".index"), mtime)
+
+  def testAStopInTheValidPassKeepsItsCheckpointAndSavesTheEndAnew(self):
+    real_run_epoch = ptb_word_lm.run_epoch
+
+    def stopped_in_valid_pass(session, model, eval_op=None, verbose=False,
+                              start=None, on_step=None):
+      def step_done(step, cost, costs):
+        if eval_op is None and model.input.num_steps > 1 and step == 0:
+          signal.raise_signal(signal.SIGTERM)
+        on_step(step, cost, costs)
+      return real_run_epoch(session, model, eval_op, verbose, start,
+                            step_done)
+
+    _, err, stop = self.run_training(run_epoch=stopped_in_valid_pass)
+    self.assertEqual(stop.exit_code, 143, err)
+    stopped = tf.train.latest_checkpoint(self.save)
+    with open(stopped + ".index", "rb") as f:
+      index = f.read()
+    out = self.resumed("max_max_epoch=1")
+    self.assertEqual(perplexity_lines(out), self.reference[:2] + [
+        self.finished_test])
+    # The epoch's end is the same global step: another name, the stopped
+    # run's checkpoint untouched beside it.
+    self.assertEqual(tf.train.latest_checkpoint(self.save), stopped + "r")
+    with open(stopped + ".index", "rb") as f:
+      self.assertEqual(f.read(), index)
+    # Saved after epoch 1's training pass: at the step of its end.
+    end = tf.train.latest_checkpoint(self.finished[0])
+    self.assertEqual(os.path.basename(stopped), os.path.basename(end))
+    self.assertEqual(checkpoint.read_progress(stopped)[:2],
+                     (0, int(end.rsplit("-", 1)[1])))
+    self.assertEqual(checkpoint.read_progress(stopped + "r")[:2], (1, 0))
 
   def testWhatAKilledSaveLeftIsRemovedAtTheNextStart(self):
     self.finished_epoch_1()

@@ -162,6 +162,7 @@ class RunState(object):
     self._local_init = tf.compat.v1.local_variables_initializer()
     self._checkpointer = None
     self._unconfirmed = []  # checkpoints no session call has judged yet
+    self._last_saved = None  # the checkpoint that holds the run as it is
     self.saving = bool(save_path) and self._chief
     if self.saving:
       Checkpointer.check_writable(save_path)
@@ -196,6 +197,7 @@ class RunState(object):
     self._checkpointer.restore(session, resume.ckpt, self._fresh(), warn)
     # Written by a process that may have stopped before judging it.
     self._unconfirmed = [resume.ckpt]
+    self._last_saved = resume.ckpt
     print("Resuming from epoch %d step %d of %s"
           % (resume.epoch + 1, resume.step, self.save_path), flush=True)
     for line in resume.lines():
@@ -274,9 +276,21 @@ class RunState(object):
       self.save_failure = e
       return None
     self.save_failure = None
+    self._last_saved = path
     if path not in self._unconfirmed:
       self._unconfirmed.append(path)
     return path
+
+  def finish(self, session):
+    """The checkpoint of the run's end, written only if no save holds it.
+
+    The last epoch's save does, or, in a run resumed after its last epoch,
+    the checkpoint resumed: the test pass changes nothing a checkpoint
+    holds. Returns its path, or None (save_failure says why).
+    """
+    if self._last_saved is not None and self.save_failure is None:
+      return self._last_saved
+    return self.write(session)
 
   def diverged(self, what):
     """The error that ends a diverged run, once its unconfirmed checkpoints
@@ -321,14 +335,9 @@ class RunState(object):
     Raises:
       UserError: the last checkpoint is older than the run's end.
     """
-    failure = self.save_failure
-    if failure is None:
-      return
-    if failure.last != failure.path:
+    if self.save_failure is not None:
       raise UserError("the run is finished, but its end is not saved: %s"
-                      % failure)
-    # The save after the test pass rewrites the last epoch's checkpoint.
-    warn("%s, which holds this same step: the run's end is saved" % failure)
+                      % self.save_failure)
 
 
 class EpochLog(object):
