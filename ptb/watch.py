@@ -194,6 +194,10 @@ class Watch(object):
       saved = self._saved(checkpoints.save(
           self._session, where.epoch - 1, self._train_input.num_calls,
           where.train_costs))
+    elif where.phase == "test" and not self._cluster:
+      # The last epoch's checkpoint holds the run (a test changes nothing
+      # saved); written again only where its save failed.
+      saved = self._saved(checkpoints.finish(self._session))
     else:
       # Workers of a cluster resume together only from an epoch's end.
       saved = "the checkpoint of the last finished epoch is in %s" % (

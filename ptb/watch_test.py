@@ -40,6 +40,10 @@ class FakeRunState(object):
   def save_and_go_on(self, session, epoch, step, costs):
     self.save(session, epoch, step, costs)
 
+  def finish(self, session):
+    self.saves.append("finish")
+    return "%s/model.ckpt-end" % self.save_path
+
 
 # A training pass of 10 calls of 4 rows, 2 towers and 5 steps.
 TRAIN_INPUT = types.SimpleNamespace(num_calls=10, batch_size=4, num_towers=2,
@@ -150,6 +154,14 @@ class WatchTest(tf.test.TestCase):
     self.assertEqual(e.exception.exit_code, 130)
     # After the valid pass, the checkpoint holds the whole training pass.
     self.assertEqual(checkpoints.saves, [(0, 2, 2.0), (0, 10, 2.0)])
+    # In the test pass, the run's end: the last epoch's (RunState.finish).
+    self.signals.signum = signal.SIGTERM
+    with self.assertRaises(Stop) as e:
+      watch.begin("test", 1)(0, 1.0, 1.0)
+    self.assertEqual(str(e.exception), "interrupted by SIGTERM in the test "
+                     "pass of epoch 1 at step 0 (checkpoint saved to "
+                     "S/model.ckpt-end); run the same command to resume")
+    self.assertEqual(checkpoints.saves[-1], "finish")
 
   def testASignalWithoutSavePathSaysThatNothingIsSaved(self):
     self.signals.signum = signal.SIGINT
