@@ -206,6 +206,11 @@ class Checkpointer(object):
     self._saver.recover_last_checkpoints([
         p for p in reversed(candidates(save_path)) if p not in self._damaged])
 
+  def newest(self):
+    """The newest checkpoint of the rotation (saved here, or found at the
+    start and not damaged), or None."""
+    return (self._saver.last_checkpoints or [None])[-1]
+
   @staticmethod
   def check_writable(save_path):
     """Creates `save_path` if needed and proves a file can be written there."""

@@ -162,7 +162,6 @@ class RunState(object):
     self._local_init = tf.compat.v1.local_variables_initializer()
     self._checkpointer = None
     self._unconfirmed = []  # checkpoints no session call has judged yet
-    self._last_saved = None  # the checkpoint that holds the run as it is
     self.saving = bool(save_path) and self._chief
     if self.saving:
       Checkpointer.check_writable(save_path)
@@ -197,7 +196,6 @@ class RunState(object):
     self._checkpointer.restore(session, resume.ckpt, self._fresh(), warn)
     # Written by a process that may have stopped before judging it.
     self._unconfirmed = [resume.ckpt]
-    self._last_saved = resume.ckpt
     print("Resuming from epoch %d step %d of %s"
           % (resume.epoch + 1, resume.step, self.save_path), flush=True)
     for line in resume.lines():
@@ -276,7 +274,6 @@ class RunState(object):
       self.save_failure = e
       return None
     self.save_failure = None
-    self._last_saved = path
     if path not in self._unconfirmed:
       self._unconfirmed.append(path)
     return path
@@ -288,8 +285,9 @@ class RunState(object):
     the checkpoint resumed: the test pass changes nothing a checkpoint
     holds. Returns its path, or None (save_failure says why).
     """
-    if self._last_saved is not None and self.save_failure is None:
-      return self._last_saved
+    newest = self._checkpointer.newest()
+    if newest is not None and self.save_failure is None:
+      return newest
     return self.write(session)
 
   def diverged(self, what):
