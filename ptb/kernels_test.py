@@ -244,13 +244,18 @@ class ApplyOuterProductTest(tf.test.TestCase):
 
 class StreamTriadTest(tf.test.TestCase):
 
-  def testTimesTheTriadItChecked(self):
-    library = library_or_skip(self)
-    # The op checks the triad's values itself and fails if they are wrong.
-    seconds = self.evaluate(library.stream_triad(
-        tf.constant(1 << 16, tf.int64), tf.constant(2, tf.int64)))
-    self.assertGreater(seconds, 0)
-    self.assertLess(seconds, 1)
+  def testTimesTheTriadOfEveryElement(self):
+    library, isas = widths_or_skip(self)
+    # The op checks every element of a = b + 3 c itself and fails if one is
+    # wrong: sizes with a tail after the 4-vector loop, blocks of unequal
+    # length across threads, and fewer elements than threads.
+    for isa in isas:
+      for n in (1, 5, (1 << 16) + 13):
+        with self.subTest(isa=isa, n=n):
+          seconds = self.evaluate(library.stream_triad(
+              tf.constant(n, tf.int64), tf.constant(2, tf.int64), isa=isa))
+          self.assertGreater(seconds, 0)
+          self.assertLess(seconds, 1)
     with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "> 0"):
       self.evaluate(library.stream_triad(tf.constant(0, tf.int64),
                                          tf.constant(1, tf.int64)))
