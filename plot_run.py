@@ -33,6 +33,8 @@ flags.mark_flags_as_required(["summary_json", "output"], flag_values=FLAGS)
 _PROGRAM = "plot_run.py"
 _MIB = 1024.0 * 1024.0
 _DPI = 120
+_SPEED_COLOR = "#6baed6"
+_PART_WAY_COLOR = "#b3cde3"
 _FIGSIZE = (11, 9)
 
 _PHASE_COLORS = {
@@ -285,14 +287,43 @@ def _plain_log_labels(ax):
   ax.yaxis.set_minor_formatter(plain)
 
 
-def _plot_speed(ax, epochs):
-  """Panel 2: training words per second per epoch."""
+def _resumed_part_way(summary):
+  """The epochs whose training pass a resume entered part-way.
+
+  Such an epoch's train_wps counts only the steps of its last process, from
+  the resume's step on.
+  """
+  epochs = set()
+  for resume in summary.get("resumes") or ():
+    if isinstance(resume, dict) and (_float(resume.get("step")) or 0) > 0:
+      epochs.add(resume.get("epoch"))
+  return epochs
+
+
+def _plot_speed(ax, epochs, part_way=frozenset()):
+  """Panel 2: training words per second per epoch.
+
+  Epochs in `part_way` (resumed part-way) are drawn lighter, hatched.
+  """
   ax.set_title("Training speed", loc="left", fontsize=11)
   xs, wps = _epoch_values(epochs, "train_wps")
   if not xs:
     _no_data(ax, "no finished epoch")
     return
-  bars = ax.bar(xs, wps, color="#6baed6", width=0.6)
+  part = [x in part_way for x in xs]
+  bars = ax.bar(xs, wps, width=0.6,
+                color=[_PART_WAY_COLOR if p else _SPEED_COLOR for p in part])
+  labelled = False
+  for bar, p in zip(bars, part):
+    if p:
+      bar.set_hatch("//")
+      bar.set_edgecolor("white")
+      if not labelled:
+        bar.set_label("resumed part-way: the last piece's speed")
+        labelled = True
+  if labelled:
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+              frameon=False, borderaxespad=0.2)
   if len(xs) <= 20:  # beyond, the labels overlap
     ax.bar_label(bars, fmt="%.0f", fontsize=8, padding=2)
   _integer_epochs(ax, xs)
@@ -383,7 +414,8 @@ def plot_run(summary, memory_rows, output_path):
     grid = fig.add_gridspec(2, 2, height_ratios=(1.15, 1))
     _plot_memory(fig.add_subplot(grid[0, :]), memory_rows,
                  _float(summary.get("peak_rss_mib")))
-    _plot_speed(fig.add_subplot(grid[1, 0]), epochs)
+    _plot_speed(fig.add_subplot(grid[1, 0]), epochs,
+                _resumed_part_way(summary))
     _plot_perplexity(fig.add_subplot(grid[1, 1]), epochs,
                      _float(summary.get("test_perplexity")))
     subtitle = _subtitle(summary)

@@ -166,6 +166,26 @@ class PlotRunTest(unittest.TestCase):
                       output)
     self.assertIsPng(output, drawn=_ALL)
 
+  def testEpochsResumedPartWayAreDrawnApart(self):
+    summary = synthetic_summary()
+    summary["resumes"] = [{"epoch": 2, "step": 140}, {"epoch": 3, "step": 0},
+                          "not a resume"]
+    self.assertEqual(plot_run._resumed_part_way(summary), {2})  # pylint: disable=protected-access
+    speed_region = _PANEL_INK["speed"][1]
+    for resumes, part_way in ((summary["resumes"], True), ([], False)):
+      summary["resumes"] = resumes
+      output = self._path("resumed.png")
+      plot_run.plot_run(summary, synthetic_memory_rows(), output)
+      image = matplotlib.image.imread(output)[..., :3]
+      light = _ink(image, plot_run._PART_WAY_COLOR, speed_region)  # pylint: disable=protected-access
+      with self.subTest(part_way=part_way):
+        if part_way:  # one bar of three, hatched
+          self.assertGreater(light, 2000)
+          self.assertGreater(_ink(image, *_PANEL_INK["speed"][:2]),
+                             _PANEL_INK["speed"][2])
+        else:
+          self.assertEqual(light, 0)
+
   def testPlotRunOfKilledRun(self):
     summary = {"status": "interrupted", "model": "small", "epochs": []}
     output = self._path("killed.png")
