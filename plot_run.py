@@ -319,7 +319,7 @@ def _plot_speed(ax, epochs, part_way=frozenset()):
       bar.set_hatch("//")
       bar.set_edgecolor("white")
       if not labelled:
-        bar.set_label("resumed part-way: the last piece's speed")
+        bar.set_label("resumed part-way: the last process's steps only")
         labelled = True
   if labelled:
     ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8,
