@@ -19,15 +19,14 @@ start is not found only after this port's run.
 """
 
 import os
-import re
 import shutil
 import subprocess
 import sys
-import time
 
 from absl import flags
 
 from ptb import config as config_lib
+from ptb import curves
 from ptb import data as data_lib
 from ptb import errors
 from ptb.errors import UserError
@@ -52,45 +51,10 @@ flags.DEFINE_string("peer_python", "python3",
 FLAGS = flags.FLAGS
 
 _SCRIPT = os.path.join(_HERE, "ptb_word_lm.py")
-_PROGRESS = re.compile(r"^(\d+\.\d{3}) perplexity: (\S+) speed: (\d+) wps$")
-_EPOCH = re.compile(r"^Epoch: (\d+) (Train|Valid) Perplexity: (\S+)$")
 # The numeric flags' ranges (see config.FLAG_RANGES). The seed is the
 # peer's too, and torch takes seeds below 2**64.
 _FLAG_RANGES = {"epochs": (0, True), "fraction": (0, True, 1),
                 "seed": (0, True, 2**64 - 1)}
-
-
-def run(name, command, fraction):
-  """Runs `command`; returns its {key: perplexity} and the seconds it took.
-
-  Keys are ("train"|"valid", epoch) for epoch lines and ("progress",
-  fraction text) for progress lines of epoch 1. With `fraction`, the run is
-  stopped once it has printed the progress line at or past it.
-  """
-  print("Running %s: %s" % (name, " ".join(command)), file=sys.stderr,
-        flush=True)
-  start, found, epoch, stopped = time.time(), {}, 1, False
-  proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-  for line in proc.stdout:
-    line = line.strip()
-    match = _EPOCH.match(line)
-    if match:
-      epoch = int(match.group(1)) + (match.group(2) == "Valid")
-      found[(match.group(2).lower(), int(match.group(1)))] = float(
-          match.group(3))
-    match = _PROGRESS.match(line)
-    if match and epoch == 1:
-      found[("progress", match.group(1))] = float(match.group(2))
-      if fraction and float(match.group(1)) >= fraction:
-        proc.terminate()
-        stopped = True
-        break
-  code = proc.wait()
-  # A run stopped here ends with a status of its own; one that stopped by
-  # itself and failed (a bad --model, say) ends the comparison.
-  if code != 0 and not stopped:
-    raise UserError("%s exited with status %d" % (name, code))
-  return found, time.time() - start
 
 
 def table(ours, peer, fraction):
@@ -155,11 +119,11 @@ def main(_):
   data_path = data_lib.resolve(FLAGS.data_path)
   data_lib.corpus_files(data_path)
   epochs = FLAGS.epochs or 1
-  ours, ours_seconds = run("ptb_word_lm.py", [
+  ours, ours_seconds = curves.run("ptb_word_lm.py", [
       sys.executable, _SCRIPT, "--data_path=" + data_path,
       "--model=" + FLAGS.model, "--num_gpus=0", "--seed=%d" % FLAGS.seed,
       "--config_overrides=max_max_epoch=%d" % epochs], FLAGS.fraction)
-  peer, peer_seconds = run("the peer", [
+  peer, peer_seconds = curves.run("the peer", [
       FLAGS.peer_python, FLAGS.peer, "--data_path=" + data_path,
       "--model=" + FLAGS.model, "--epochs=%d" % epochs,
       "--seed=%d" % FLAGS.seed], FLAGS.fraction)

@@ -67,10 +67,12 @@ from ptb import dropout
 from ptb import errors
 from ptb import extra_flags
 from ptb import low_rank_update
+from ptb import original_checkpoint
 from ptb import outputs
 from ptb import plan as plan_lib
 from ptb import state as state_lib
 from ptb import summary as summary_lib
+from ptb import summary_thread
 from ptb import tower
 from ptb import training
 # The original's mode names, for the configs and the users of this module.
@@ -452,6 +454,8 @@ def main(_):
                               FLAGS.save_every_steps):
     return
   outputs.check_all(FLAGS.save_path, FLAGS.memory_log, FLAGS.summary_json)
+  init_from = original_checkpoint.check_flags(FLAGS.init_from,
+                                              FLAGS.eval_only, FLAGS.save_path)
   config = config_lib.resolve_config(get_config(FLAGS.model, FLAGS.rnn_mode),
                                      FLAGS.num_gpus, FLAGS.config_overrides)
   devices = devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
@@ -460,6 +464,8 @@ def main(_):
                  config.rnn_mode)
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
+  summary_thread.check(FLAGS.original_summary_secs, plan_lib.eval_windows(
+      FLAGS.eval_unroll, config.num_steps))
   replica = training.replica(cluster)  # (this worker, workers)
   data = reader.load_data(
       data_lib.resolve(FLAGS.data_path), config.vocab_size,
@@ -491,15 +497,21 @@ def main(_):
                                       FLAGS.use_fp16, FLAGS.eval_unroll,
                                       replica, FLAGS.train_from_zero_state,
                                       plan)
+      if init_from:  # before the initializer op is made
+        original_checkpoint.init_from(init_from,
+                                      tf.compat.v1.trainable_variables())
       run_state = training.RunState(
           FLAGS.save_path, m, resume, summary, record, cluster,
           FLAGS.cluster_timeout)
       done = cluster_lib.done_ops(cluster) if cluster else []
+      window_taker = (summary_thread.WindowTaker(
+          FLAGS.original_summary_secs, [m.input, mvalid.input])
+                      if FLAGS.original_summary_secs else None)
     with training.open_session(
         graph, devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads,
         cluster, FLAGS.cluster_timeout) as session, SignalCatcher() as signals:
       watch = Watch(session, signals, run_state, m.input, sampler,
-                    FLAGS.save_every_steps, cluster)
+                    FLAGS.save_every_steps, cluster, window_taker)
       first_epoch, start = run_state.initialize(session)
       # Start-up is over; the library code it ran need not stay resident.
       monitor.release_library_pages()
@@ -507,7 +519,8 @@ def main(_):
                                  replica[1])
       with training.summarize_failures(summary, watch.where, cluster,
                                        FLAGS.cluster_timeout):
-        for i in range(first_epoch, config.max_max_epoch):
+        last_epoch = first_epoch if FLAGS.eval_only else config.max_max_epoch
+        for i in range(first_epoch, last_epoch):
           lr = config_lib.epoch_learning_rate(config, i)
           m.assign_lr(session, lr)
           print("Epoch: %d Learning rate: %.3f" % (i + 1, session.run(m.lr)))
@@ -525,6 +538,9 @@ def main(_):
               session, mvalid, on_step=watch.begin("valid", i + 1))
           print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))
           epochs.add(session, i + 1, lr, train_perplexity, valid_perplexity)
+        if chief and FLAGS.eval_only:
+          print("Valid Perplexity: %.3f" % run_epoch(
+              session, mvalid, on_step=watch.begin("valid", 0)))
         if chief:
           test_perplexity = run_epoch(
               session, mtest, on_step=watch.begin("test", config.max_max_epoch))

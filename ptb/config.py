@@ -317,26 +317,38 @@ def epoch_learning_rate(config, epoch):
       epoch + 1 - config.max_epoch, 0.0)
 
 
-def configs_from_source(path):
+def configs_from_source(path, class_names=None):
   """The config classes of the script `path`, read without running it.
 
   A program that must not import the script (torch_peer.py: ptb_word_lm.py
-  imports TensorFlow) takes its configs from the source, as the user edited
-  them in place: the `CONFIGS` table and the classes it names, executed
-  with the rnn_mode names.
+  imports TensorFlow; compare_original.py: the original imports TensorFlow
+  1.x) takes its configs from the source, as the user edited them in place:
+  the classes, executed with the rnn_mode names.
+
+  Args:
+    path: the script.
+    class_names: {model name: class name}; None reads the script's
+      `CONFIGS` table.
 
   Returns:
     {model name: config class}.
   """
   with open(path, encoding="utf-8") as f:
     tree = ast.parse(f.read(), path)
-  table = next(node for node in tree.body if isinstance(node, ast.Assign)
-               and [t.id for t in node.targets
-                    if isinstance(t, ast.Name)] == ["CONFIGS"])
-  names = {n.id for n in ast.walk(table.value) if isinstance(n, ast.Name)}
+  table = []
+  if class_names is None:
+    table = [next(node for node in tree.body if isinstance(node, ast.Assign)
+                  and [t.id for t in node.targets
+                       if isinstance(t, ast.Name)] == ["CONFIGS"])]
+    names = {n.id for n in ast.walk(table[0].value)
+             if isinstance(n, ast.Name)}
+  else:
+    names = set(class_names.values())
   classes = [node for node in tree.body
              if isinstance(node, ast.ClassDef) and node.name in names]
   namespace = {"AUTO": AUTO, "BASIC": BASIC, "BLOCK": BLOCK, "CUDNN": CUDNN}
-  module = ast.Module(body=classes + [table], type_ignores=[])
+  module = ast.Module(body=classes + table, type_ignores=[])
   exec(compile(module, path, "exec"), namespace)  # pylint: disable=exec-used
-  return namespace["CONFIGS"]
+  if class_names is None:
+    return namespace["CONFIGS"]
+  return {model: namespace[name] for model, name in class_names.items()}

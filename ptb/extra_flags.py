@@ -2,8 +2,9 @@
 
 ptb_word_lm.py defines the tutorial's own flags (and --config_overrides);
 importing this module defines the rest: devices and threads, evaluation,
-seeding, bfloat16 products, checkpoints, the memory log and summary, and the cluster. They are
-read only by the entry points (ptb_word_lm.main, benchmark.py).
+seeding, starting weights, bfloat16 products, checkpoints, the memory log
+and summary, and the cluster. They are read only by the entry points
+(ptb_word_lm.main, benchmark.py).
 """
 
 from absl import flags
@@ -30,6 +31,21 @@ flags.DEFINE_bool(
     "Start every training step from a zero LSTM state, as the original did "
     "with --num_gpus=0 (it fed no state there); validation and test still "
     "carry their state from step to step.")
+flags.DEFINE_string(
+    "init_from", None,
+    "Start from the weights of this checkpoint (a prefix, or a directory's "
+    "latest): this port's, or the 2018 original's (its BASIC or BLOCK "
+    "names). A resumed --save_path takes precedence.")
+flags.DEFINE_bool(
+    "eval_only", False,
+    "With --init_from: train nothing; print the validation and test "
+    "perplexities of its weights.")
+flags.DEFINE_float(
+    "original_summary_secs", 0.0,
+    "Skip one window of the training and one of the validation input at "
+    "the start and every this many seconds, as the original's Supervisor "
+    "did when given --save_path (120 s; ptb/summary_thread.py); 0: off. "
+    "Needs --eval_unroll=1.")
 flags.DEFINE_bool(
     "use_bf16", False,
     "Run the matrix products in bfloat16 (float32 accumulation; weights, "

@@ -75,7 +75,7 @@ class Watch(object):
   """
 
   def __init__(self, session, signals, checkpoints, train_input, sampler=None,
-               save_every_steps=0, cluster=None):
+               save_every_steps=0, cluster=None, window_taker=None):
     """A watch of the run in `session`.
 
     Args:
@@ -86,6 +86,8 @@ class Watch(object):
       sampler: the monitor.MemorySampler of --memory_log, or None.
       save_every_steps: save every this many training calls; 0 never.
       cluster: the cluster.Cluster of this worker, or None.
+      window_taker: a summary_thread.WindowTaker, called before the first
+        pass and after every call, or None.
     """
     self.where = Where()
     self._session = session
@@ -95,6 +97,7 @@ class Watch(object):
     self._sampler = sampler
     self._save_every_steps = save_every_steps
     self._cluster = cluster
+    self._window_taker = window_taker or (lambda session: None)
     self._first_calls_done = set()  # phases whose first call has run
     self._began = {}    # phase: when its last pass began
     self._seconds = {}  # phase: its last pass's seconds, to its last call
@@ -110,6 +113,8 @@ class Watch(object):
         part-way, or None.
     """
     where = self.where
+    if not self._began:  # the run's first pass
+      self._window_taker(self._session)
     if phase == "valid":
       where.train_costs = where.costs
     where.phase, where.epoch, where.step = phase, epoch, 0
@@ -146,6 +151,7 @@ class Watch(object):
     """
     where = self.where
     where.step, where.costs = step, costs
+    self._window_taker(self._session)
     self._seconds[where.phase] = time.time() - self._began[where.phase]
     if self._sampler is not None:
       self._sampler.set_phase(where.phase, where.epoch, step)
