@@ -1,0 +1,169 @@
+"""Tests of compare_original.py and ptb/original_run.py, and the port against
+the 2018 original on TensorFlow 1.5.1 where its virtualenv exists.
+
+The original's tests need its three files ($PTB_ORIGINAL_DIR, else
+../shared/original beside this checkout) and a virtualenv with TensorFlow
+1.5.1 ($PTB_ORIGINAL_VENV, else compare_original.py's default), which
+.ci/run makes with ../shared/original/setup.sh where a Python 3.6 exists;
+elsewhere they skip, saying which is missing.
+"""
+
+import glob
+import os
+import re
+import sys
+import tempfile
+
+import tensorflow as tf
+
+import compare_original
+from ptb import errors
+from ptb import original_run
+from ptb import testing
+
+ORIGINAL_DIR = os.environ.get("PTB_ORIGINAL_DIR") or os.path.join(
+    os.path.dirname(testing.HERE), "shared", "original")
+ORIGINAL_VENV = os.environ.get("PTB_ORIGINAL_VENV") or os.path.join(
+    compare_original.data_lib.cache_root(), "venv-original")
+# A config that exercises what the two must share: two layers, clipping at
+# every step (max_grad_norm 1), the decay after epoch 1, the state carried
+# through validation and test.
+OVERRIDES = "num_layers=2,hidden_size=8,num_steps=5,batch_size=4"
+_ROW = re.compile(r"^\| (.+?) \| (\S+) \| (\S+) \| (\S+) \|$")
+
+
+def _why_no_original():
+  """Why the original cannot run here, or None if it can."""
+  if not os.path.isfile(os.path.join(ORIGINAL_DIR, "ptb_word_lm.py")):
+    return "no original at %s (set PTB_ORIGINAL_DIR)" % ORIGINAL_DIR
+  if not original_run.has_tensorflow(ORIGINAL_VENV):
+    return ("no TensorFlow 1.5.1 virtualenv at %s: .ci/run makes it with "
+            "../shared/original/setup.sh where a Python 3.6 exists (set "
+            "PTB_ORIGINAL_VENV)" % ORIGINAL_VENV)
+  return None
+
+
+def _compare(*args):
+  """compare_original.py's main in this process; (stdout, stderr, status)."""
+  return testing.run_entry_point(
+      lambda: errors.run_main(compare_original.main, graph_mode=False),
+      ["compare_original.py"] + list(args))
+
+
+class RefusalTest(tf.test.TestCase):
+
+  def testBadInputEndsInOneLineBeforeAnyWork(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      venv = os.path.join(tmp, "venv")
+      data = testing.make_corpus(tmp)
+      empty = os.path.join(tmp, "empty")
+      os.mkdir(empty)
+      original = ["--original=" + ORIGINAL_DIR, "--original_venv=" + venv,
+                  "--data_path=" + data, "--model=test"]
+
+      def run(args):
+        result = _compare(*args)
+        self.assertEqual(result[0], "")  # nothing ran
+        self.assertFalse(os.path.exists(venv))
+        return result
+
+      testing.assert_each_refused(self, "compare_original.py", [
+          (original, "give one of --epochs", 2),
+          (original + ["--epochs=1", "--fraction=0.5"], "give one of", 2),
+          (original + ["--fraction=2"], "--fraction=2.0 must be at most 1", 2),
+          (original[1:] + ["--epochs=1"], "give --original=DIR", 2),
+          (["--original=" + empty] + original[1:] + ["--epochs=1"],
+           "no ptb_word_lm.py or reader.py or util.py there", 2),
+          (original + ["--epochs=1", "--num_gpus=2"],
+           "--num_gpus: the comparison runs both programs as the original "
+           "ran on the CPU", 2),
+          (original + ["--epochs=1", "--rnn_mode=block"], "--rnn_mode:", 2),
+          (original + ["--epochs=1", "--use_bf16"], "--use_bf16:", 2),
+          (original + ["--epochs=1", "--config_overrides=rnn_mode=cudnn"],
+           "rnn_mode=cudnn cannot be compared", 2),
+          (original + ["--epochs=1", "--config_overrides=max_max_epoch=3"],
+           "give the epochs as --epochs", 2),
+          (original + ["--epochs=1", "--config_overrides=keep_prob=2"],
+           "keep_prob", 2),
+          (original + ["--epochs=1", "--model=huge"], "Invalid model: huge",
+           2),
+          (original + ["--epochs=1", "--data_path=" + empty],
+           "ptb.train.txt is missing", 1),
+      ], run)
+
+  def testTheClassIsEditedInPlaceAndNothingElse(self):
+    source = ("class LargeConfig(object):\n  max_epoch = 14\n"
+              "  lr_decay = 1 / 1.15\n\n\nclass TestConfig(object):\n"
+              "  max_epoch = 1\n")
+    edited = original_run.edit_class(source, "LargeConfig",
+                                     {"max_epoch": 4, "lr_decay": 0.5})
+    self.assertEqual(edited, source.replace("14", "4").replace("1 / 1.15",
+                                                                "0.5"))
+    with self.assertRaisesRegex(errors.UserError, "LargeConfig has no field "
+                                "hidden"):
+      original_run.edit_class(source, "LargeConfig", {"hidden": 1})
+
+  def testEditsAreTheFieldsThatDiffer(self):
+    if not os.path.isdir(ORIGINAL_DIR):
+      self.skipTest("no original at %s" % ORIGINAL_DIR)
+    fields = compare_original.original_fields(ORIGINAL_DIR, "large")
+    self.assertEqual(fields["lr_decay"], 1 / 1.15)
+    self.assertNotIn("rnn_mode", fields)
+    config = compare_original.port_config("large", "keep_prob=1")
+    self.assertEqual(compare_original.edits(config, fields, 10),
+                     {"keep_prob": 1, "max_max_epoch": 10})
+
+
+class AgainstTheOriginalTest(tf.test.TestCase):
+  """The port and the original on TensorFlow 1.5.1, from the same weights."""
+
+  def setUp(self):
+    super().setUp()
+    why = _why_no_original()
+    if why:
+      self.skipTest(why)
+
+  def testEveryLineAgreesToRounding(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      data = testing.make_corpus(tmp, num_words=50, train_lines=600)
+      out, err, status = _compare(
+          "--original=" + ORIGINAL_DIR, "--original_venv=" + ORIGINAL_VENV,
+          "--data_path=" + data, "--model=test", "--epochs=2",
+          "--config_overrides=" + OVERRIDES)
+    self.assertEqual(status, 0, err)
+    self.assertIn("-  max_max_epoch = 1\n+  max_max_epoch = 2", out)
+    rows = [m.groups() for m in map(_ROW.match, out.splitlines())
+            if m and m.group(1) != "line" and not m.group(1).startswith("-")]
+    labels = [r[0] for r in rows]
+    self.assertLen([l for l in labels if l.startswith("epoch 1 at")], 10)
+    for label in ("epoch 1 train", "epoch 2 valid", "test"):
+      self.assertIn(label, labels)
+    for label, original, port, _ in rows:
+      self.assertAllClose(float(port), float(original), rtol=1e-4, atol=0,
+                          msg=label)
+
+  def testTheOriginalsCheckpointEvaluatesInThePort(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      data = testing.make_corpus(tmp, num_words=50, train_lines=600)
+      copy = os.path.join(tmp, "code")
+      original_run.write_copy(ORIGINAL_DIR, copy, "test", {})
+      save = os.path.join(tmp, "run")
+      found, _ = compare_original.curves.run(
+          "the original", original_run.command(
+              original_run.venv_python(ORIGINAL_VENV), copy, data, "test",
+              save), 0)
+      # Its last save goes beside --save_path, named for the global step.
+      ckpt, = [p[:-len(".index")] for p in glob.glob(save + "-*.index")]
+      code, out, err = testing.run_script(
+          "--data_path=" + data, "--model=test", "--num_gpus=0",
+          "--init_from=" + ckpt, "--eval_only",
+          # The original's valid pass began one window on (its Supervisor's
+          # summary thread took one as the session opened).
+          "--original_summary_secs=120", "--eval_unroll=1")
+    self.assertEqual(code, 0, err)
+    self.assertIn("Valid Perplexity: %.3f" % found[("valid", 1)], out)
+    self.assertIn("Test Perplexity: %.3f" % found[("test",)], out)
+
+
+if __name__ == "__main__":
+  tf.test.main()
