@@ -9,6 +9,8 @@ state              the LSTM state tuple and its packing, local variables
 softmax            the softmax loss with its hand-written gradient
 low_rank_update    gradients of few rows carried and applied as factors
 transposed_product input gradients of few rows, a @ w^T as (w @ a^T)^T
+bfloat16           --use_bf16: the products' operands in bfloat16
+tower              one tower's graph, from word ids to its cost
 dropout            dropout as explicit masks
 kernels            the C++ kernels (kernels.cc): build, cache, load
 extra_flags        the flags this port adds to the tutorial's
@@ -25,10 +27,20 @@ summary            the --summary_json file, continued by a resumed run
 tensorboard        the TensorBoard scalars, written by the thread that adds
                    them
 monitor            RSS, the memory log, atomic JSON files, library pages
+machine            the machine's limits measured in-process (FMA and
+                   bfloat16 peaks, matmul rate, memory bandwidth)
+roofline           FLOPs and bytes a word needs, the roofs, their picture
 onednn             TensorFlow's oneDNN matmuls on every x86 CPU
 startup_log        TensorFlow's C++ start-up lines, held to
                    TF_CPP_MIN_LOG_LEVEL
 cluster            multi-process training on TensorFlow's runtime
+original_checkpoint the 2018 original's checkpoint names, written and read;
+                   --init_from
+original_run       the original's virtualenv and its copy with a config
+                   class edited in place
+summary_thread     the windows the original's Supervisor summary thread
+                   took (--original_summary_secs)
+curves             the perplexity lines of a run, read as it prints them
 errors             the one-line errors that end a run
 testing            helpers of the tests
 """
