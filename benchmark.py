@@ -40,10 +40,12 @@ float32 run's and a bfloat16 run's, say).
 
 import time
 
+from ptb import errors
 from ptb import monitor
 from ptb import onednn
 from ptb import startup_log
 if __name__ == "__main__":
+  errors.catch_signals()  # Ctrl-C from here on ends in one line
   # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN.
   monitor.reduce_memory_footprint()
   onednn.enable()
@@ -56,7 +58,6 @@ from ptb import bfloat16
 from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
-from ptb import errors
 from ptb import machine
 from ptb import outputs
 from ptb import plan as plan_lib
@@ -267,6 +268,11 @@ def main(_):
                                           **_FLAG_RANGES))
   if FLAGS.output_json:
     outputs.check_file("output_json", FLAGS.output_json)
+  outputs.check_distinct(
+      {f: FLAGS[f].value for f in ("output_json", "roofline")
+       if FLAGS[f].value},
+      inputs=[("roofline_from", p) for p in (_names("roofline_from")
+                                             if FLAGS.roofline_from else [])])
   drawn = check_roofline_flags()
   if drawn is not None:
     roofline_lib.draw(drawn, FLAGS.roofline)

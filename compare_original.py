@@ -198,4 +198,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+  errors.catch_signals()
   errors.run_main(main, graph_mode=False)

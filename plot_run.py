@@ -458,6 +458,9 @@ def main(argv):
   # anything is read or drawn.
   try:
     outputs.check_file("output", FLAGS.output)
+    outputs.check_distinct({"output": FLAGS.output}, inputs=[
+        (f, FLAGS[f].value) for f in ("summary_json", "memory_csv")
+        if FLAGS[f].value])
     summary = load_summary(FLAGS.summary_json)
     rows = load_memory_csv(FLAGS.memory_csv) if FLAGS.memory_csv else None
     check_format(FLAGS.output)

@@ -45,10 +45,12 @@ import time
 # stays out of the output; real failures still reach Python as exceptions.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from ptb import errors  # pylint: disable=g-bad-import-order
 from ptb import monitor  # pylint: disable=g-bad-import-order
 from ptb import onednn  # pylint: disable=g-bad-import-order
 from ptb import startup_log  # pylint: disable=g-bad-import-order
 if __name__ == "__main__":
+  errors.catch_signals()  # Ctrl-C from here on ends in one line
   # Before TensorFlow is imported: no Keras, two malloc arenas, oneDNN.
   monitor.reduce_memory_footprint()
   onednn.enable()
@@ -64,7 +66,6 @@ from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
 from ptb import dropout
-from ptb import errors
 from ptb import extra_flags
 from ptb import low_rank_update
 from ptb import original_checkpoint

@@ -6,9 +6,12 @@ import functools
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from unittest import mock
 
 from absl import logging
@@ -894,6 +897,67 @@ class EntryPointTest(tf.test.TestCase):
 
 
 
+class StartupInterruptTest(tf.test.TestCase):
+  """Ctrl-C and SIGTERM while TensorFlow is imported or the run is built.
+
+  Each case starts the program as a terminal's foreground job has it
+  (SIGINT at its default action), signals it at a point of its start-up,
+  and then runs the same command again, which must run cleanly to its end.
+  """
+
+  def _start(self, args):
+    return subprocess.Popen(
+        [sys.executable, SCRIPT] + args, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=HERE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+  def testOneLineAtEveryPointAndTheNextRunStartsCleanly(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      data = make_corpus(tmp)
+      args = ["--data_path=" + data, "--model=test", "--num_gpus=0",
+              "--save_path=" + os.path.join(tmp, "save"),
+              "--summary_json=" + os.path.join(tmp, "run.json"),
+              "--memory_log=" + os.path.join(tmp, "memory.csv")]
+      # (what stderr shows when the signal is sent, seconds after it, the
+      # signal): in the import of TensorFlow, after the config (the corpus
+      # and the resume next), at the plan (the graph next), in the graph or
+      # the session.
+      for marker, delay, signum in ((None, 0.3, signal.SIGINT),
+                                    ("rnn_mode:", 0, signal.SIGINT),
+                                    ("Plan:", 0, signal.SIGINT),
+                                    ("Plan:", 0, signal.SIGTERM),
+                                    ("Plan:", 0.8, signal.SIGINT)):
+        with self.subTest(marker=marker, delay=delay, signal=signum.name):
+          proc = self._start(args)
+          seen = []
+          if marker:
+            for line in proc.stderr:
+              seen.append(line)
+              if marker in line:
+                break
+          time.sleep(delay)
+          proc.send_signal(signum)
+          out, rest = proc.communicate(timeout=300)
+          err = "".join(seen) + rest
+          self.assertEqual(proc.returncode, 128 + signum, err)
+          self.assertNotIn("Traceback", err)
+          mine = [l for l in err.splitlines() if "ptb_word_lm.py" in l]
+          self.assertLen(mine, 1, err)
+          self.assertRegex(mine[0], r"^ptb_word_lm.py: interrupted by %s "
+                           % signum.name)
+          self.assertEqual(err.splitlines()[-1], mine[0])
+          self.assertNotIn("Test Perplexity", out)
+          self.assertEqual([n for n in os.listdir(tmp) if ".tmp" in n], [])
+          again = subprocess.run([sys.executable, SCRIPT] + args,
+                                 capture_output=True, text=True, cwd=HERE,
+                                 timeout=600)
+          self.assertEqual(again.returncode, 0, again.stderr)
+          self.assertIn("Test Perplexity", again.stdout)
+          with open(os.path.join(tmp, "run.json")) as f:
+            self.assertEqual(json.load(f)["status"], "finished")
+          shutil.rmtree(os.path.join(tmp, "save"))
+
+
 class FlagsTest(tf.test.TestCase):
 
   def testShortHelpListsTheAdoptedFlags(self):
@@ -988,6 +1052,15 @@ class ErrorTest(tf.test.TestCase):
     self.assertEqual(str(stop), "--num_gpus=1 but this machine has 0 GPUs "
                      "visible to TensorFlow; use --num_gpus=0 to train on "
                      "the CPU")
+
+  def testOverridesAreAnnouncedOnlyOnceChecked(self):
+    out, _, stop = run_in_process([
+        "--data_path=/nonexistent", "--num_gpus=0", "--model=test",
+        "--config_overrides=learning_rate=nan"])
+    self.assertIsInstance(stop, UserError)
+    self.assertEqual(str(stop), "config learning_rate=nan must be a positive "
+                     "number")
+    self.assertEqual(out, "")
 
   def testSaveEveryStepsIsForOneProcess(self):
     _, _, stop = run_in_process([

@@ -19,8 +19,12 @@ from ptb.errors import DataError
 def _read_words(filename):
   """Reads a text file as UTF-8 and returns its tokens, newlines as `<eos>`.
 
+  A leading byte order mark (U+FEFF, which some editors write at the start
+  of a UTF-8 file) marks the encoding and is no word: it is dropped.
+
   Raises:
-    DataError: the file is missing, unreadable, not UTF-8 text or empty.
+    DataError: the file is missing, unreadable, not UTF-8 text, or holds no
+      word (line ends alone are none).
   """
   try:
     with open(filename, "rb") as f:
@@ -36,9 +40,14 @@ def _read_words(filename):
   except UnicodeDecodeError as e:
     raise DataError("%s is not UTF-8 text: invalid byte 0x%02x at byte offset %d"
                     % (filename, raw[e.start], e.start)) from None
+  if text.startswith("\ufeff"):
+    text = text[1:]
   words = text.replace("\n", " <eos> ").split()
   if not words:
     raise DataError("%s is empty: it holds no words" % filename)
+  if all(word == "<eos>" for word in words):
+    raise DataError("%s holds no words, only %d line ends" % (filename,
+                                                               len(words)))
   return words
 
 

@@ -172,11 +172,31 @@ class PtbReaderTest(tf.test.TestCase):
 
   def testEmptyFile(self):
     with tempfile.TemporaryDirectory() as tmpdir:
-      path = _write(tmpdir, "f.txt", " \n")  # Only <eos>: still has a word.
-      self.assertEqual(reader._read_words(path), ["<eos>"])
       path = _write(tmpdir, "g.txt", "")
       with self.assertRaisesRegex(reader.DataError, "g.txt is empty"):
         reader._read_words(path)
+      # Line ends alone are no words: a file of blank lines trained to a
+      # perplexity of 1 on its one "word".
+      path = _write(tmpdir, "f.txt", " \n" + "\n" * 2999)
+      with self.assertRaisesRegex(reader.DataError,
+                                  "f.txt holds no words, only 3000 line ends"):
+        reader._read_words(path)
+      self.assertEqual(reader._read_words(_write(tmpdir, "h.txt", "\n a\n")),
+                       ["<eos>", "a", "<eos>"])
+
+  def testByteOrderMarkIsNoWord(self):
+    with tempfile.TemporaryDirectory() as tmpdir:
+      plain = os.path.join(tmpdir, "plain")
+      marked = os.path.join(tmpdir, "marked")
+      for d in (plain, marked):
+        os.mkdir(d)
+      for name in ("train", "valid", "test"):
+        text = " the cat sat \n on the mat \n"
+        _write(plain, "ptb.%s.txt" % name, text.encode(), mode="wb")
+        _write(marked, "ptb.%s.txt" % name, b"\xef\xbb\xbf" + text.encode(),
+               mode="wb")
+      self.assertEqual(reader.ptb_raw_data(marked), reader.ptb_raw_data(plain))
+      self.assertEqual(reader.ptb_raw_data(plain)[3], 6)
 
   def testLoadDataChecksTheCorpusAgainstTheConfig(self):
     with tempfile.TemporaryDirectory() as tmpdir:

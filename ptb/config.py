@@ -228,12 +228,11 @@ def resolve_config(config, num_gpus, overrides, announce=True):
   Returns:
     `config`, validated, with AUTO replaced by the mode it picks here.
   """
-  if overrides:
-    changed = apply_overrides(config, overrides)
-    if announce:
-      print("Config overrides: %s" % ", ".join("%s=%s" % kv
-                                               for kv in changed.items()))
+  changed = apply_overrides(config, overrides) if overrides else {}
   validate_config(config)
+  if announce and changed:  # only once they are known to be good
+    print("Config overrides: %s" % ", ".join("%s=%s" % kv
+                                             for kv in changed.items()))
   mode = config.rnn_mode  # validated: a mode's name, in lower case
   config.rnn_mode = auto_rnn_mode(num_gpus) if mode == AUTO else mode
   if announce:
@@ -248,13 +247,19 @@ def auto_rnn_mode(num_gpus):
   return BLOCK if num_gpus else BASIC
 
 
+# The longest interval a flag in seconds takes: a day. A longer one is a
+# typo, and an infinite one breaks the clocks that wait on it.
+MAX_SECONDS = 86400.0
 # Each numeric flag's lowest valid value, and whether the value itself is
 # allowed; a third item, where there is one, is the highest valid value.
 FLAG_RANGES = {"num_gpus": (0, True), "cpu_towers": (1, True),
                "intra_op_threads": (0, True), "inter_op_threads": (0, True),
                "eval_unroll": (1, True), "seed": (0, True),
-               "save_every_steps": (0, True), "memory_interval": (0, False),
-               "task_index": (0, True), "cluster_timeout": (0, False)}
+               "save_every_steps": (0, True),
+               "memory_interval": (0, False, MAX_SECONDS),
+               "original_summary_secs": (0, True, MAX_SECONDS),
+               "task_index": (0, True),
+               "cluster_timeout": (0, False, MAX_SECONDS)}
 
 
 def out_of_range(value, valid):

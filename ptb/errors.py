@@ -2,6 +2,7 @@
 
 import errno
 import os
+import signal
 import sys
 import tempfile
 
@@ -12,6 +13,62 @@ class Stop(Exception):
   def __init__(self, message, exit_code):
     super().__init__(message)
     self.exit_code = exit_code
+
+
+class Interrupted(KeyboardInterrupt):
+  """SIGINT or SIGTERM outside the training loop (which has its own: watch).
+
+  A KeyboardInterrupt, so that code which cleans up after Ctrl-C (the
+  download's) does so for SIGTERM too, and no `except Exception` swallows it.
+  """
+
+
+# The signal that came outside the training loop, and where the run was.
+_SIGNAL = {"signum": None, "phase": "during start-up"}
+
+
+def catch_signals():
+  """From now on, SIGINT and SIGTERM end the program with one line.
+
+  Called first thing by the entry points. The handler raises Interrupted
+  wherever the program is, so that every `finally` and `with` on the way
+  up cleans up; the hook below turns whatever then reaches the top (the
+  Interrupted, or another exception that a library made of it) into the
+  one line, with exit status 128 + the signal. The training loop installs
+  its own handler for its time (watch.SignalCatcher), which saves first.
+  """
+  def handle(signum, _):
+    _SIGNAL["signum"] = signum
+    raise Interrupted(signal.Signals(signum).name)
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, handle)
+  previous_hook = sys.excepthook
+
+  def hook(kind, value, traceback):
+    if _SIGNAL["signum"] is None:
+      previous_hook(kind, value, traceback)
+      return
+    sys.stdout.flush()
+    print(interrupted_line(), file=sys.stderr, flush=True)
+    os._exit(128 + _SIGNAL["signum"])  # pylint: disable=protected-access
+  sys.excepthook = hook
+
+
+def interrupted_line():
+  """The line of a program stopped by the signal that catch_signals saw."""
+  return "%s: interrupted by %s %s" % (
+      os.path.basename(sys.argv[0]), signal.Signals(_SIGNAL["signum"]).name,
+      _SIGNAL["phase"])
+
+
+def signal_seen():
+  """The signal that catch_signals' handler saw, or None."""
+  return _SIGNAL["signum"]
+
+
+def set_signal_phase(phase):
+  """Names where the run is, for the line of a later signal."""
+  _SIGNAL["phase"] = phase
 
 
 class UserError(Stop):

@@ -109,6 +109,54 @@ class SavePathLock(object):
       self._fd = None
 
 
+# The names a run writes in its --save_path (checkpoint.py, tensorboard.py,
+# the lock): no other output may take one of them.
+_SAVE_PATH_NAMES = (SavePathLock.NAME, "checkpoint")
+_SAVE_PATH_PREFIXES = ("model.ckpt", "checkpoint.tmp", "events.out.tfevents")
+
+
+def _same_file(a, b):
+  """Whether paths `a` and `b` name one file (through .., links, hard links)."""
+  if os.path.realpath(a) == os.path.realpath(b):
+    return True
+  try:
+    return os.path.samefile(a, b)
+  except OSError:  # one of them does not exist yet
+    return False
+
+
+def check_distinct(files, save_path=None, inputs=None):
+  """Refuses two outputs that name one file, before any work.
+
+  Args:
+    files: {flag: path} of the file outputs that are set.
+    save_path: the --save_path directory, or None: no file output may be
+      it, or one of the files a run writes in it.
+    inputs: (flag, path) pairs of files read; no output may overwrite one.
+
+  Raises:
+    UserError: naming both flags.
+  """
+  named = sorted(files.items())
+  for i, (flag, path) in enumerate(named):
+    for other, other_path in named[i + 1:] + list(inputs or ()):
+      if _same_file(path, other_path):
+        raise UserError("--%s=%s and --%s=%s name the same file; give each "
+                        "output its own" % (flag, path, other, other_path),
+                        exit_code=2)
+    if save_path is None:
+      continue
+    if _same_file(path, save_path):
+      raise UserError("--%s=%s is the --save_path directory; give the file "
+                      "another name" % (flag, path), exit_code=2)
+    name = os.path.basename(path)
+    if (_same_file(os.path.dirname(os.path.abspath(path)), save_path)
+        and (name in _SAVE_PATH_NAMES or name.startswith(_SAVE_PATH_PREFIXES))):
+      raise UserError("--%s=%s is a name the run writes in --save_path=%s; "
+                      "give the file another name" % (flag, path, save_path),
+                      exit_code=2)
+
+
 def check_all(save_path, memory_log, summary_json):
   """Checks a run's outputs (the flags; None when unset) before any work."""
   if save_path:
@@ -117,6 +165,9 @@ def check_all(save_path, memory_log, summary_json):
     check_file("memory_log", memory_log)
   if summary_json:
     check_file("summary_json", summary_json)
+  check_distinct({flag: path for flag, path in (("memory_log", memory_log),
+                                                ("summary_json", summary_json))
+                  if path}, save_path)
 
 
 def lock(save_path, chief=True):

@@ -359,7 +359,8 @@ class OutputsTest(ptb_word_lm_testing.InProcessRunTest):
 
   def testFlagRanges(self):
     bad = {"eval_unroll": 0, "memory_interval": 0.0, "save_every_steps": -1,
-           "cluster_timeout": 0.0, "intra_op_threads": -1,
+           "cluster_timeout": 0.0, "original_summary_secs": -1.0,
+           "intra_op_threads": -1,
            "inter_op_threads": -1, "task_index": -1, "seed": -1,
            "num_gpus": -1, "cpu_towers": 0}
     self.assertCountEqual(bad, config_lib.FLAG_RANGES)
@@ -374,6 +375,48 @@ class OutputsTest(ptb_word_lm_testing.InProcessRunTest):
         ("memory_interval", "0", r"--memory_interval=0\.0 must be positive")):
       self.assertRefused(self.command("", "--%s=%s" % (flag, value)),
                          pattern, code=2)
+    # The intervals in seconds stop at a day: infinity broke the sampler's
+    # clock, and NaN lies below every lowest.
+    for flag in ("memory_interval", "original_summary_secs",
+                 "cluster_timeout"):
+      for value, pattern in (("inf", r"--%s=inf must be at most 86400\.0"),
+                             ("nan", r"--%s=nan must be ")):
+        self.assertRefused(self.command("", "--%s=%s" % (flag, value)),
+                           pattern % flag + ".*", code=2)
+
+  # 6. Two outputs that name one file.
+
+  def testTwoOutputsThatNameOneFileAreRefused(self):
+    save = os.path.join(self.tmp, "save")
+    other = os.path.join(self.tmp, "sub", "..", "run.out")
+    os.makedirs(os.path.join(self.tmp, "sub"))
+    link = os.path.join(self.tmp, "link.out")
+    with open(os.path.join(self.tmp, "run.out"), "w") as f:
+      f.write("an earlier run's output\n")
+    os.symlink(os.path.join(self.tmp, "run.out"), link)
+    hard = os.path.join(self.tmp, "hard.csv")
+    with open(os.path.join(self.tmp, "first.csv"), "w") as f:
+      f.write("x\n")
+    os.link(os.path.join(self.tmp, "first.csv"), hard)
+    for flags, pattern in (
+        (["--summary_json=" + os.path.join(self.tmp, "run.out"),
+          "--memory_log=" + other], "--memory_log=.* and --summary_json=.* "
+         "name the same file; give each output its own"),
+        (["--summary_json=" + link, "--memory_log=" + other],
+         "--memory_log=.* and --summary_json=.* name the same file.*"),
+        (["--summary_json=" + os.path.join(self.tmp, "first.csv"),
+          "--memory_log=" + hard], ".* name the same file.*"),
+        (["--save_path=" + save, "--memory_log=" + save + "/"],
+         "--memory_log=.* is the --save_path directory; give the file "
+         "another name"),
+        (["--save_path=" + save, "--summary_json=" + save + "/checkpoint"],
+         "--summary_json=.*/checkpoint is a name the run writes in "
+         "--save_path=.*; give the file another name"),
+        (["--save_path=" + save, "--memory_log=" + save + "/model.ckpt-1.index"],
+         "--memory_log=.* is a name the run writes in --save_path=.*")):
+      with self.subTest(flags=flags):
+        self.assertRefused(self.command("", *flags), pattern, code=2,
+                           untouched=self.tmp)
 
   # The message of an interrupted run without --save_path says the truth.
 

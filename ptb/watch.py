@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ptb import cluster as cluster_lib
+from ptb import errors
 from ptb import monitor
 from ptb.errors import Stop
 
@@ -39,6 +40,9 @@ class SignalCatcher(object):
     self.signum = signum
 
   def __enter__(self):
+    if errors.signal_seen() is not None:
+      # A signal of start-up that a library swallowed ends the run here.
+      raise errors.Interrupted()
     for sig in self.SIGNALS:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
@@ -46,6 +50,7 @@ class SignalCatcher(object):
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+    errors.set_signal_phase("while finishing the run")
 
 
 @dataclasses.dataclass
