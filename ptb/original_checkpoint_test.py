@@ -11,6 +11,7 @@ from ptb import original_checkpoint as oc
 from ptb import testing
 from ptb.errors import UserError
 from ptb.params import create_params
+import ptb_word_lm_testing
 
 
 def _values(text):
@@ -102,28 +103,28 @@ class EvaluateTest(tf.test.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       data = testing.make_structured_corpus(tmp)
       save = os.path.join(tmp, "save")
-      code, out, err = testing.run_script(
-          *testing.learning_args(data, "max_max_epoch=1"),
-          "--save_path=" + save)
-      self.assertEqual(code, 0, err)
+      out, err, stop = ptb_word_lm_testing.run_in_process(
+          testing.learning_args(data, "max_max_epoch=1") +
+          ["--save_path=" + save])
+      self.assertIsNone(stop, err)
       trained = _values(out)
       original = oc.write(os.path.join(tmp, "original", "model.ckpt-9"),
                           oc.read(tf.train.latest_checkpoint(save)))
       for source in (save, original):
         with self.subTest(source=source):
-          code, out, err = testing.run_script(
-              *testing.learning_args(data), "--init_from=" + source,
-              "--eval_only")
-          self.assertEqual(code, 0, err)
+          out, err, stop = ptb_word_lm_testing.run_in_process(
+              testing.learning_args(data) + ["--init_from=" + source,
+                                             "--eval_only"])
+          self.assertIsNone(stop, err)
           self.assertNotIn("Epoch:", out)
           self.assertEqual(_values(out), {
               "Valid ": trained["Epoch: 1 Valid "],
               "Test ": trained["Test "]})
       # Trained from the checkpoint's weights: the first cost is theirs.
-      code, out, err = testing.run_script(
-          *testing.learning_args(data, "max_max_epoch=1,learning_rate=1e-9"),
-          "--init_from=" + original)
-      self.assertEqual(code, 0, err)
+      out, err, stop = ptb_word_lm_testing.run_in_process(
+          testing.learning_args(data, "max_max_epoch=1,learning_rate=1e-9") +
+          ["--init_from=" + original])
+      self.assertIsNone(stop, err)
       self.assertAllClose(_values(out)["Test "], trained["Test "], rtol=1e-4)
 
 
