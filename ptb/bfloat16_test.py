@@ -117,13 +117,24 @@ def _rows(config, seed=0):
                      size=(config.batch_size, config.num_steps + 1))
 
 
-def _plan(config, products, chunk=None, kernels=None, **limits):
-  """The training Step in `products`, its wavefront and thresholds forced."""
-  return plan_lib.step(
+def _plan(config, products, chunk=None, kernels=None, packed_bf16=False,
+          **limits):
+  """The training Step in `products`, its wavefront and thresholds forced.
+
+  With packed_bf16, the recurrent products on the kernels' panels, in
+  bfloat16 on PackPanelsBf16's (as where the CPU has VDPBF16PS).
+  """
+  kernels = kernels or plan_lib.offered()
+  if packed_bf16:
+    kernels = dataclasses.replace(kernels, bf16=True)
+    limits.update(kernel_min_hidden=0, kernel_min_batch=0, kernel_min_steps=0)
+  plan = plan_lib.step(
       config, config.batch_size, config.num_steps, ("/cpu:0",), tf.float32,
-      kernels or plan_lib.offered(),
+      kernels,
       limits=testing.wavefront_limits(chunk, config.hidden_size)._replace(
           **limits), products=products)
+  assert not packed_bf16 or plan.lstm.forward == plan_lib.KERNELS, plan
+  return plan
 
 
 def _dense_gradients(cost, variables):
@@ -158,8 +169,13 @@ class ModelTest(tf.test.TestCase):
                                                   swap_min_weight=0)),
         "block, its cell": ("block", dict()),
         "block without kernels": ("block", dict(kernels=no_kernels)),
+        # VDPBF16PS's panels (the scalar unit where the CPU lacks it).
+        "layer, bfloat16 panels": ("basic", dict(packed_bf16=True)),
+        "block, bfloat16 panels": ("block", dict(packed_bf16=True)),
     }
     for name, (mode, plan_args) in paths.items():
+      if plan_args.get("packed_bf16") and plan_lib.offered().isa is None:
+        continue  # no kernels here (kernels_test says why)
       with self.subTest(path=name):
         (cost32, grads32), _ = self._cost_and_gradients(mode, FLOAT32,
                                                         **plan_args)

@@ -294,6 +294,74 @@ struct V {
 namespace tensorflow {
 namespace {
 constexpr uint16_t kBf16Operand = 0x3A80;
+
+// The bfloat16 panels (PackPanelsBf16, PanelMatMulBf16): B [K, N] in
+// panels of 32 columns as PackPanels makes them, each element rounded to
+// bfloat16 and two consecutive k of a column in one 32-bit word (the even
+// k in the low half), as VDPBF16PS takes its operands: panels [ceil(N /
+// 32), ceil(K / 2), 32] of words, zero beyond K and N.
+using PairRowsFn = void (*)(const uint32_t* a, int64_t M, int64_t Kp,
+                            const uint32_t* panel, const float* x, float* c,
+                            int64_t ldc, int64_t width);
+
+int64_t NumPairs(int64_t k) { return (k + 1) / 2; }
+
+// float to bfloat16 as VCVTNEPS2BF16 rounds it: to nearest, ties to even;
+// a NaN to a quiet NaN; a denormal to a zero of its sign (denormal inputs
+// count as zero).
+uint16_t ToBf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  if ((b & 0x7F800000u) == 0) return static_cast<uint16_t>((b >> 16) & 0x8000u);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) {
+    return static_cast<uint16_t>((b >> 16) | 0x0040u);
+  }
+  return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+uint32_t Bf16Pair(float even, float odd) {
+  return uint32_t{ToBf16(even)} | (uint32_t{ToBf16(odd)} << 16);
+}
+
+float FromBf16(uint32_t h) {
+  const uint32_t b = (h & 0xFFFFu) << 16;
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+float FlushDenormal(float f) {
+  return std::fpclassify(f) == FP_SUBNORMAL ? std::copysign(0.0f, f) : f;
+}
+
+// One lane of VDPBF16PS, as Intel's pseudocode writes it: acc plus the
+// product of the odd halves, then plus that of the even halves, each an
+// FMA rounded to nearest even once, denormal inputs taken as zero and
+// denormal results flushed to zero.
+float DotPair(float acc, uint32_t a, uint32_t b) {
+  const float a0 = FlushDenormal(FromBf16(a)), a1 = FlushDenormal(FromBf16(a >> 16));
+  const float b0 = FlushDenormal(FromBf16(b)), b1 = FlushDenormal(FromBf16(b >> 16));
+  acc = FlushDenormal(std::fma(a1, b1, FlushDenormal(acc)));
+  return FlushDenormal(std::fma(a0, b0, acc));
+}
+
+// PairRows in scalar code, lane by lane in the instruction's order: the
+// portable reference of the vector kernel (unit "scalar"), which tests the
+// packing, the tails and the indexing on any CPU.
+void ScalarPairRows(const uint32_t* a, int64_t M, int64_t Kp,
+                    const uint32_t* panel, const float* x, float* c,
+                    int64_t ldc, int64_t width) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j < std::min(width, kPanel); ++j) {
+      float acc = 0.0f;
+      for (int64_t kp = 0; kp < Kp; ++kp) {
+        acc = DotPair(acc, a[m * Kp + kp], panel[kp * kPanel + j]);
+      }
+      c[m * ldc + j] = acc + x[m * ldc + j];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tensorflow
 
@@ -329,6 +397,79 @@ float DotChains(int64_t iterations) {
   __m512 sum = _mm512_setzero_ps();
   for (int i = 0; i < kChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
   return _mm512_reduce_add_ps(sum);
+}
+
+
+// The bfloat16 panels' product on VDPBF16PS (PanelMatMulBf16): a tile of
+// R rows x the panel's 32 columns in 2R accumulators, as the float32
+// kernels' tile, over the K pairs. a's rows come as pairs of bfloat16 (one
+// 32-bit word a pair, the even k in the low half), which a broadcast puts
+// in every lane; the panel's row of pairs is two vectors of 16 lanes.
+// c = the product + x, stored to the first `width` columns.
+template <int R>
+void PairTile(const uint32_t* a, int64_t Kp, const uint32_t* panel,
+              const float* x, float* c, int64_t ldc, int64_t width) {
+  __m512 acc[R][2];
+  PTB_TILE_LOOP
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t kp = 0; kp < Kp; ++kp) {
+    const uint32_t* row = panel + kp * kPanel;
+    const __m512bh w0 =
+        reinterpret_cast<__m512bh>(_mm512_loadu_si512(row));
+    const __m512bh w1 =
+        reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + kLanes));
+    PTB_TILE_LOOP
+    for (int r = 0; r < R; ++r) {
+      const __m512bh ar = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int>(a[r * Kp + kp])));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], ar, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], ar, w1);
+    }
+  }
+  const __mmask16 m0 = width >= kLanes ? 0xFFFF : (1u << width) - 1;
+  const int64_t rest = width - kLanes;
+  const __mmask16 m1 = rest >= kLanes ? 0xFFFF
+                       : rest <= 0    ? 0
+                                      : (1u << rest) - 1;
+  PTB_TILE_LOOP
+  for (int r = 0; r < R; ++r) {
+    const float* xr = x + r * ldc;
+    float* cr = c + r * ldc;
+    _mm512_mask_storeu_ps(
+        cr, m0, _mm512_add_ps(acc[r][0], _mm512_maskz_loadu_ps(m0, xr)));
+    _mm512_mask_storeu_ps(cr + kLanes, m1,
+                          _mm512_add_ps(acc[r][1],
+                                        _mm512_maskz_loadu_ps(m1, xr + kLanes)));
+  }
+}
+
+constexpr int kPairRows = 10;  // 20 accumulators of the 32 registers
+
+// Every row of a [M, Kp pairs] against one panel [Kp, 32 lanes of pairs]:
+// tiles of kPairRows rows, then one of the rows left; a PairRowsFn.
+void PairRows(const uint32_t* a, int64_t M, int64_t Kp,
+              const uint32_t* panel, const float* x, float* c, int64_t ldc,
+              int64_t width) {
+  int64_t m = 0;
+  for (; m + kPairRows <= M; m += kPairRows) {
+    PairTile<kPairRows>(a + m * Kp, Kp, panel, x + m * ldc, c + m * ldc, ldc,
+                        width);
+  }
+  const uint32_t* am = a + m * Kp;
+  const float* xm = x + m * ldc;
+  float* cm = c + m * ldc;
+  switch (M - m) {
+    case 1: PairTile<1>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 2: PairTile<2>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 3: PairTile<3>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 4: PairTile<4>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 5: PairTile<5>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 6: PairTile<6>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 7: PairTile<7>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 8: PairTile<8>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 9: PairTile<9>(am, Kp, panel, xm, cm, ldc, width); break;
+    default: break;
+  }
 }
 
 }  // namespace bf16_avx512
@@ -715,6 +856,161 @@ class PanelMatMulOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("PanelMatMul").Device(DEVICE_CPU), PanelMatMulOp);
+
+REGISTER_OP("PackPanelsBf16")
+    .Input("w: float")
+    .Attr("transpose: bool")
+    .Output("panels: int32")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      bool transpose;
+      TF_RETURN_IF_ERROR(c->GetAttr("transpose", &transpose));
+      auto k = c->Dim(c->input(0), transpose ? 1 : 0);
+      auto n = c->Dim(c->input(0), transpose ? 0 : 1);
+      shape_inference::DimensionHandle p = c->UnknownDim(), kp = p;
+      if (c->ValueKnown(n)) p = c->MakeDim(NumPanels(c->Value(n)));
+      if (c->ValueKnown(k)) kp = c->MakeDim(NumPairs(c->Value(k)));
+      c->set_output(0, c->MakeShape({p, kp, c->MakeDim(kPanel)}));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The right-hand factor B [K, N] of a product, rounded to bfloat16 (to
+nearest even) and packed for VDPBF16PS: panels [ceil(N / 32), ceil(K / 2),
+32] of 32-bit words, word [p, i, j] holding B[2i, 32p + j] in its low half
+and B[2i + 1, 32p + j] in its high half, zero beyond K and N. w is B, or
+B^T [N, K] if transpose.
+)doc");
+
+class PackPanelsBf16Op : public OpKernel {
+ public:
+  explicit PackPanelsBf16Op(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose", &transpose_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& w = ctx->input(0);
+    OP_REQUIRES(ctx, w.dims() == 2, errors::InvalidArgument("w must be 2-D"));
+    const int64_t K = w.dim_size(transpose_ ? 1 : 0);
+    const int64_t N = w.dim_size(transpose_ ? 0 : 1);
+    const int64_t P = NumPanels(N), Kp = NumPairs(K);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_output(0, TensorShape({P, Kp, kPanel}), &out));
+    const float* src = w.flat<float>().data();
+    uint32_t* dst = reinterpret_cast<uint32_t*>(out->flat<int32>().data());
+    const bool transpose = transpose_;
+    // B[k, n], zero beyond the matrix.
+    auto at = [&](int64_t k, int64_t n) {
+      if (k >= K || n >= N) return 0.0f;
+      return transpose ? src[n * K + k] : src[k * N + n];
+    };
+    Parallel(ctx, P, 8 * Kp * kPanel, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        uint32_t* panel = dst + p * Kp * kPanel;
+        for (int64_t i = 0; i < Kp; ++i) {
+          for (int64_t j = 0; j < kPanel; ++j) {
+            const int64_t n = p * kPanel + j;
+            panel[i * kPanel + j] = Bf16Pair(at(2 * i, n), at(2 * i + 1, n));
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  bool transpose_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("PackPanelsBf16").Device(DEVICE_CPU),
+                        PackPanelsBf16Op);
+
+REGISTER_OP("PanelMatMulBf16")
+    .Input("a: float")
+    .Input("panels: int32")
+    .Input("addend: float")
+    .Attr("unit: {'auto', 'avx512_bf16', 'scalar'} = 'auto'")
+    .Output("c: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(2));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+c [M, N] = a [M, K] @ B + addend in bfloat16 with float32 sums: a rounded
+to bfloat16 as PackPanelsBf16 rounds B, B given as its panels; each sum of
+products as VDPBF16PS makes it, pair after pair of k, then the addend.
+unit: avx512_bf16 (VDPBF16PS), scalar (the same arithmetic in scalar code,
+on any CPU), or auto (avx512_bf16 where the CPU has it, else scalar).
+)doc");
+
+class PanelMatMulBf16Op : public OpKernel {
+ public:
+  explicit PanelMatMulBf16Op(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    std::string unit;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("unit", &unit));
+    const Bf16Units units = CpuBf16Units();
+    const bool vector = units.avx512_bf16.cpu && units.avx512_bf16.os;
+    if (unit == "avx512_bf16") {
+      OP_REQUIRES(ctx, vector,
+                  errors::InvalidArgument(
+                      "PanelMatMulBf16: unit avx512_bf16 needs a CPU with "
+                      "AVX512_BF16 and the AVX-512 state enabled by the OS"));
+    }
+    rows_ = (unit == "scalar" || !vector) ? &ScalarPairRows
+                                          : &bf16_avx512::PairRows;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& a = ctx->input(0);
+    const Tensor& panels = ctx->input(1);
+    const Tensor& addend = ctx->input(2);
+    OP_REQUIRES(
+        ctx, a.dims() == 2 && panels.dims() == 3 && addend.dims() == 2,
+        errors::InvalidArgument("a, panels, addend must be 2-D, 3-D, 2-D"));
+    const int64_t M = a.dim_size(0), K = a.dim_size(1), Kp = NumPairs(K);
+    const int64_t N = addend.dim_size(1);
+    OP_REQUIRES(ctx,
+                panels.dim_size(0) == NumPanels(N) &&
+                    panels.dim_size(1) == Kp && panels.dim_size(2) == kPanel &&
+                    addend.dim_size(0) == M,
+                errors::InvalidArgument(
+                    "shapes do not match: a ", a.shape().DebugString(),
+                    ", panels ", panels.shape().DebugString(), ", addend ",
+                    addend.shape().DebugString()));
+    Tensor* c = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({M, N}), &c));
+    // a's rows as bfloat16 pairs, once for all the panels.
+    Tensor pairs;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT32, TensorShape({M, Kp}),
+                                           &pairs));
+    const float* ap = a.flat<float>().data();
+    uint32_t* apairs = reinterpret_cast<uint32_t*>(pairs.flat<int32>().data());
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = ap + m * K;
+      for (int64_t i = 0; i < Kp; ++i) {
+        apairs[m * Kp + i] =
+            Bf16Pair(row[2 * i], 2 * i + 1 < K ? row[2 * i + 1] : 0.0f);
+      }
+    }
+    const uint32_t* pp =
+        reinterpret_cast<const uint32_t*>(panels.flat<int32>().data());
+    const float* xp = addend.flat<float>().data();
+    float* cp = c->flat<float>().data();
+    const PairRowsFn rows = rows_;
+    Parallel(ctx, NumPanels(N), 2 * M * K * kPanel,
+             [&](int64_t p0, int64_t p1) {
+               for (int64_t p = p0; p < p1; ++p) {
+                 const int64_t n0 = p * kPanel;
+                 rows(apairs, M, Kp, pp + p * Kp * kPanel, xp + n0, cp + n0,
+                      N, N - n0);
+               }
+             });
+  }
+
+ private:
+  PairRowsFn rows_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("PanelMatMulBf16").Device(DEVICE_CPU),
+                        PanelMatMulBf16Op);
 
 REGISTER_OP("SoftmaxCrossEntropy")
     .Input("logits: float")

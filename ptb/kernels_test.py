@@ -37,7 +37,8 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
                "running these ops needs")
 _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
-        "bf16_peak", "apply_outer_product", "stream_triad", "lstm_cell")
+        "bf16_peak", "apply_outer_product", "stream_triad", "lstm_cell",
+        "pack_panels_bf16", "panel_mat_mul_bf16")
 _NO_BF16 = "no CPU with AVX512_BF16/AMX here"
 _read_flags = plan_lib._cpu_flags   # pylint: disable=protected-access
 _module = {}
@@ -186,6 +187,123 @@ class PanelMatMulTest(tf.test.TestCase):
           self.evaluate(kernels.panel_mat_mul(
               np.ones((2, 5), np.float32), panels,
               np.ones((2, 40), np.float32), isa=isa))
+
+
+def bf16_bits(x):
+  """float32 `x` rounded to bfloat16 as the kernels round it: the 16 bits.
+
+  To nearest, ties to even; a NaN to a quiet NaN; a denormal to a zero of
+  its sign.
+  """
+  b = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+  rounded = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+  rounded = np.where((b & 0x7F800000) == 0, (b >> 16) & 0x8000, rounded)
+  rounded = np.where((b & 0x7FFFFFFF) > 0x7F800000, (b >> 16) | 0x40,
+                     rounded)
+  return rounded.astype(np.uint32)
+
+
+def bf16_values(x):
+  """The float32 values of bf16_bits(x)."""
+  return (bf16_bits(x) << 16).astype(np.uint32).view(np.float32)
+
+
+def reference_bf16_product(a, b, addend):
+  """a @ b + addend as VDPBF16PS sums it, written afresh in numpy.
+
+  a and b rounded to bfloat16; for each pair of k (zero beyond K), the odd
+  k's product added to the float32 sum, then the even k's, each rounded to
+  float32 (the products of two bfloat16s are exact in float32: the inputs
+  here keep them normal); then the addend.
+  """
+  a, b = bf16_values(a), bf16_values(b)
+  k = a.shape[1]
+  if k % 2:
+    a = np.pad(a, ((0, 0), (0, 1)))
+    b = np.pad(b, ((0, 1), (0, 0)))
+  acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+  for i in range(0, a.shape[1], 2):
+    for j in (i + 1, i):
+      acc = (acc + a[:, j:j + 1] * b[j:j + 1, :]).astype(np.float32)
+  return (acc + addend).astype(np.float32)
+
+
+class PanelMatMulBf16Test(tf.test.TestCase):
+  """The bfloat16 panels, bit for bit against reference_bf16_product.
+
+  The scalar unit (the instruction's arithmetic in scalar code) runs on
+  any CPU, so the packing, the tails and the indexing are tested
+  everywhere; the VDPBF16PS unit where the CPU has it.
+  """
+
+  def _units(self):
+    units = ["scalar"]
+    if "avx512_bf16" in kernels.bf16_units():
+      units.append("avx512_bf16")
+    return units
+
+  def testPanelsHoldPairsOfRoundedColumnsPaddedWithZeros(self):
+    library = library_or_skip(self)
+    rng = np.random.RandomState(1)
+    b = rng.uniform(-1, 1, (5, 40)).astype(np.float32)   # [K, N]
+    for w, transpose in ((b, False), (b.T.copy(), True)):
+      panels = self.evaluate(library.pack_panels_bf16(w, transpose=transpose))
+      self.assertEqual(panels.shape, (2, 3, 32))
+      words = panels.view(np.uint32)
+      padded = np.zeros((6, 64), np.float32)
+      padded[:5, :40] = b
+      bits = bf16_bits(padded)
+      for p in range(2):
+        cols = slice(32 * p, 32 * p + 32)
+        # The even k in the low half, the odd k in the high half.
+        self.assertAllEqual(words[p] & 0xFFFF, bits[0::2, cols])
+        self.assertAllEqual(words[p] >> 16, bits[1::2, cols])
+      self.assertAllEqual(words[1, :, 8:], np.zeros((3, 24), np.uint32))
+      self.assertAllEqual(words[:, 2] >> 16, np.zeros((2, 32), np.uint32))
+
+  def testRoundingToNearestEvenNanAndDenormals(self):
+    values = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20,
+                       -2.5, np.nan, 1e-40, -1e-40, 3.4e38], np.float32)
+    self.assertAllEqual(bf16_bits(values), [
+        0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC020, 0x7FC0, 0, 0x8000, 0x7F80])
+    library = library_or_skip(self)
+    panels = self.evaluate(library.pack_panels_bf16(values[None, :],
+                                                    transpose=False))
+    self.assertAllEqual(panels.view(np.uint32)[0, 0, :9] & 0xFFFF,
+                        bf16_bits(values))
+
+  def testEqualsTheReferenceBitForBitOnOddShapes(self):
+    library = library_or_skip(self)
+    rng = np.random.RandomState(0)
+    # Rows under, at and over the 10-row tile; columns under, at and over
+    # the panel and its vectors of 16; K odd and even.
+    for m, k, n in ((1, 1, 1), (3, 7, 16), (10, 2, 31), (11, 64, 33),
+                    (20, 65, 100), (21, 130, 70)):
+      a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+      b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+      x = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+      want = reference_bf16_product(a, b, x)
+      # Within bfloat16's rounding of the float64 product.
+      self.assertAllClose(want, a.astype(np.float64) @ b + x,
+                          atol=0.02 * np.sqrt(k) + 1e-6)
+      for w, transpose in ((b, False), (b.T.copy(), True)):
+        panels = library.pack_panels_bf16(w, transpose=transpose)
+        for unit in self._units():
+          with self.subTest(shape=(m, k, n), transpose=transpose, unit=unit):
+            got = self.evaluate(library.panel_mat_mul_bf16(a, panels, x,
+                                                           unit=unit))
+            self.assertAllEqual(got.view(np.uint32), want.view(np.uint32))
+
+  def testTheVectorUnitSkipsWhereTheCpuLacksIt(self):
+    library = library_or_skip(self)
+    if "avx512_bf16" in kernels.bf16_units():
+      self.skipTest("this CPU has AVX512_BF16: the unit runs above")
+    with self.assertRaisesRegex(Exception, "unit avx512_bf16 needs a CPU"):
+      self.evaluate(library.panel_mat_mul_bf16(
+          np.ones((1, 2), np.float32),
+          library.pack_panels_bf16(np.ones((2, 3), np.float32),
+                                   transpose=False),
+          np.zeros((1, 3), np.float32), unit="avx512_bf16"))
 
 
 class ApplyOuterProductTest(tf.test.TestCase):

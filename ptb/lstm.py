@@ -63,8 +63,16 @@ def _forward_product(plan, w_h):
   if plan.forward != plan_lib.KERNELS:
     return lambda h, x: bfloat16.matmul(h, w_h, plan.products) + x
   library = kernels_lib.load()
+  if plan.products == bfloat16.BFLOAT16:
+    panels = library.pack_panels_bf16(_float32(w_h), transpose=False)
+    return lambda h, x: library.panel_mat_mul_bf16(h, panels, x)
   panels = library.pack_panels(w_h, transpose=False)
   return lambda h, x: library.panel_mat_mul(h, panels, x, isa=plan.isa)
+
+
+def _float32(w):
+  """A bfloat16 operand back in float32 (exactly), for the panels to round."""
+  return tf.cast(w, tf.float32) if w.dtype == tf.bfloat16 else w
 
 
 def _backward_product(plan, w_h, batch):
@@ -80,8 +88,12 @@ def _backward_product(plan, w_h, batch):
   """
   if plan.backward == plan_lib.KERNELS:
     library = kernels_lib.load()
+    zeros = tf.zeros([batch, w_h.shape[0]], tf.float32)
+    if plan.products == bfloat16.BFLOAT16:
+      panels = library.pack_panels_bf16(_float32(w_h), transpose=True)
+      return lambda d_gates: library.panel_mat_mul_bf16(d_gates, panels,
+                                                        zeros)
     panels = library.pack_panels(w_h, transpose=True)
-    zeros = tf.zeros([batch, w_h.shape[0]], w_h.dtype)
     return lambda d_gates: library.panel_mat_mul(d_gates, panels, zeros,
                                                  isa=plan.isa)
   if plan.backward != plan_lib.TRANSPOSED:

@@ -98,9 +98,12 @@ class Kernels:
   Attributes:
     isa: the kernels' vector width ("avx512" or "avx2"), None without them.
     why: how the width was chosen, or why there are no kernels.
+    bf16: whether the CPU has VDPBF16PS (AVX512_BF16), which runs
+      bfloat16 products on the kernels' panels (PanelMatMulBf16).
   """
   isa: Optional[str]
   why: str
+  bf16: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +255,7 @@ def offer(environ=None, cpuinfo=CPUINFO):
     kernels_lib.load_library()
   except (RuntimeError, OSError, tf.errors.OpError) as e:
     return Kernels(None, str(e))
-  return Kernels(isa, why)
+  return Kernels(isa, why, "avx512_bf16" in kernels_lib.bf16_units(cpuinfo))
 
 
 _offered = []
@@ -309,12 +312,14 @@ def _cell(rnn_mode, isa, products=FLOAT32):
   return OPS_CELL if products == BFLOAT16 else BLOCK_LSTM
 
 
-def _packed(hidden, batch, steps, isa, limits, products=FLOAT32):
-  """Whether the recurrent products run on the kernels (PackPanels).
+def _packed(hidden, batch, steps, isa, limits, products=FLOAT32, bf16=False):
+  """Whether the recurrent products run on the kernels' panels.
 
-  The panels hold float32: bfloat16 products run on tf.matmul (oneDNN).
+  float32 products on PackPanels' panels; bfloat16 products on
+  PackPanelsBf16's where the CPU has VDPBF16PS (`bf16`), else on
+  tf.matmul (oneDNN).
   """
-  return (isa is not None and products == FLOAT32 and
+  return (isa is not None and (products == FLOAT32 or bf16) and
           hidden >= limits.kernel_min_hidden and
           batch >= limits.kernel_min_batch and
           steps >= limits.kernel_min_steps)
@@ -330,7 +335,7 @@ def _backward(packed, hidden, batch, steps, cpu, limits):
 
 
 def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
-         training=True, limits=THRESHOLDS, products=FLOAT32):
+         training=True, limits=THRESHOLDS, products=FLOAT32, bf16=False):
   """The LSTM's part of a Step (Lstm).
 
   Args:
@@ -343,12 +348,13 @@ def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
     training: whether the call has a backward pass.
     limits: Thresholds.
     products: the products' dtype (bfloat16.FLOAT32 or BFLOAT16).
+    bf16: whether the CPU has VDPBF16PS (Kernels.bf16).
   """
   if rnn_mode == CUDNN:
     return Lstm((CUDNN_RNN,) * num_layers, None, CUDNN_RNN, CUDNN_RNN, None,
                 (), None, products)
   cell = _cell(rnn_mode, isa, products)
-  packed = _packed(hidden, batch, steps, isa, limits, products)
+  packed = _packed(hidden, batch, steps, isa, limits, products, bf16)
   if cell == BLOCK_LSTM:
     chunk, path, forward = None, BLOCK_LSTM, BLOCK_LSTM
   else:
@@ -395,7 +401,8 @@ def step(config, batch, steps, devices, dtype, kernels, training=True,
               workers == 1 and rows <= limits.factor_max_rows)
   return Step(batch, steps,
               lstm(config.rnn_mode, config.num_layers, config.hidden_size,
-                   batch, steps, isa, cpu, training, limits, products),
+                   batch, steps, isa, cpu, training, limits, products,
+                   kernels.bf16),
               softmax,
               (FACTORS if factored else DENSE) if training else None,
               isa if factored else None)
