@@ -28,10 +28,14 @@ model: independent FMA chains in registers on every thread, the float32
 peak, and STREAM's triad over arrays far larger than the caches, the
 memory bandwidth; benchmark.py reports the model's speed against both.
 Bf16Peak measures the bfloat16 products' peak as FmaPeak does the float32
-one (issue 46), outside the two widths: its attribute unit is avx512_bf16
+one, outside the two widths: its attribute unit is avx512_bf16
 (VDPBF16PS chains), amx (TDPBF16PS on AMX tiles) or auto (amx, else
 avx512_bf16), and a unit that the CPU lacks is an error. `bf16_units()`
 says which units /proc/cpuinfo lists, without loading the library.
+PackPanelsBf16 and PanelMatMulBf16 are PackPanels and PanelMatMul for
+bfloat16 products: panels of bfloat16 pairs along K, multiplied with
+VDPBF16PS (unit avx512_bf16) or the same arithmetic in scalar code
+(unit scalar, on any CPU).
 
 The kernels are written once over the vector width and compiled for two:
 AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32
