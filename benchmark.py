@@ -38,6 +38,7 @@ nothing and draws the results of those --output_json files instead (a
 float32 run's and a bfloat16 run's, say).
 """
 
+import sys
 import time
 
 from ptb import errors
@@ -61,6 +62,7 @@ from ptb import devices as devices_lib
 from ptb import machine
 from ptb import outputs
 from ptb import plan as plan_lib
+from ptb import profile as profile_lib
 from ptb import roofline as roofline_lib
 from ptb.errors import UserError
 import ptb_word_lm
@@ -69,6 +71,11 @@ import reader
 flags.DEFINE_integer("steps", 60, "Timed training steps per combination.")
 flags.DEFINE_integer("warmup", 5, "Untimed training steps first.")
 flags.DEFINE_string("output_json", None, "Also write the figures here.")
+flags.DEFINE_string(
+    "profile", None,
+    "After the timed steps, trace one and print each part's share of it "
+    "(ptb/profile.py); --profile alone prints, --profile=FILE.png also "
+    "draws the last combination's.")
 flags.DEFINE_string("roofline", None, "Draw the machine's roofline with the "
                     "results on it in this file (.png, .pdf or .svg); needs "
                     "matplotlib (requirements-plot.txt).")
@@ -117,6 +124,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
         cost = session.run(fetches)[0]
       elapsed = time.perf_counter() - start
       faults = monitor.page_faults() - faults
+      parts = profile_step(session, fetches, config) if FLAGS.profile else {}
   words = FLAGS.steps * config.batch_size * config.num_steps * len(devices)
   wps = words / elapsed
   flops = roofline_lib.train_flops_per_word(config)
@@ -127,7 +135,18 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "products": products,
           "plan": dict(plan_lib.fields(plan)),
-          "matmul": onednn.matmul_library()}, config
+          "matmul": onednn.matmul_library(), **parts}, config
+
+
+def profile_step(session, fetches, config):
+  """One traced training step's parts (ptb/profile.py), for the result."""
+  spans = profile_lib.intervals(
+      session.graph, profile_lib.trace(session, fetches),
+      {"batch": config.batch_size, "hidden": config.hidden_size,
+       "vocab": config.vocab_size})
+  seconds, busy, step = profile_lib.shares(spans)
+  return {"profile_seconds": seconds, "profile_busy_seconds": busy,
+          "profile_step_seconds": step}
 
 
 def _peak_text(r):
@@ -268,9 +287,14 @@ def main(_):
                                           **_FLAG_RANGES))
   if FLAGS.output_json:
     outputs.check_file("output_json", FLAGS.output_json)
+  if FLAGS.profile and FLAGS.profile != "text":
+    if not FLAGS.profile.endswith(".png"):
+      raise UserError("--profile=%s: give --profile alone, or a picture's "
+                      "name ending in .png" % FLAGS.profile, exit_code=2)
+    outputs.check_file("profile", FLAGS.profile)
   outputs.check_distinct(
-      {f: FLAGS[f].value for f in ("output_json", "roofline")
-       if FLAGS[f].value},
+      {f: FLAGS[f].value for f in ("output_json", "roofline", "profile")
+       if FLAGS[f].value and FLAGS[f].value != "text"},
       inputs=[("roofline_from", p) for p in (_names("roofline_from")
                                              if FLAGS.roofline_from else [])])
   drawn = check_roofline_flags()
@@ -326,11 +350,22 @@ def main(_):
             dict(r, peak=_peak_text(r), roofline=_roofline_text(r),
                  plan=" ".join("%s=%s" % kv for kv in r["plan"].items())),
             flush=True)
+      if FLAGS.profile:
+        print("%s; the timed steps took %.3f s each" % (profile_lib.line(
+            r["profile_seconds"], r["profile_busy_seconds"],
+            r["profile_step_seconds"]), r["seconds"] / r["steps"]),
+              flush=True)
   report = {"tensorflow": tf.__version__, "cpu": roofline_lib.cpu_model(),
             "devices": devices, "intra_op_threads": FLAGS.intra_op_threads,
             "inter_op_threads": FLAGS.inter_op_threads, "results": results}
   if FLAGS.output_json:
     write_report(FLAGS.output_json, report)
+  if FLAGS.profile and FLAGS.profile.endswith(".png"):
+    last = results[-1]
+    profile_lib.draw(last["profile_seconds"], last["profile_step_seconds"],
+                     "%s, %s, %s products (%s)" % (
+                         last["model"], last["rnn_mode"], last["products"],
+                         report["cpu"]), FLAGS.profile)
   if FLAGS.roofline:
     # Each result with the report's CPU and TensorFlow, for the title, as
     # roofline_lib.load_results gives a file's.
@@ -340,4 +375,6 @@ def main(_):
 
 
 if __name__ == "__main__":
+  # --profile alone prints the profile; absl's string flags want a value.
+  sys.argv = ["--profile=text" if a == "--profile" else a for a in sys.argv]
   errors.run_main(main)

@@ -19,6 +19,7 @@ from ptb import errors
 from ptb import kernels
 from ptb import machine
 from ptb import plan as plan_lib
+from ptb import profile as profile_lib
 from ptb import roofline
 from ptb import testing
 import benchmark
@@ -296,6 +297,9 @@ class RefusedCommandLineTest(ptb_word_lm_testing.SavePathTest):
          "does not exist", 1),
         (["--data_path=" + gzipped], "ptb.train.txt is not UTF-8 text", 1),
         (["--output_json=" + self.tmp], "is a directory; give a file name", 1),
+        (["--profile=steps.txt"], "--profile=steps.txt: give --profile "
+         "alone, or a picture's name ending in .png", 2),
+        (["--profile=" + png, "--roofline=" + png], "name the same file", 2),
         (["--output_json=" + os.path.join(a_file, "out.json")],
          "cannot be written: Not a directory", 1),
         (["--roofline_from=" + no_results],
@@ -367,6 +371,32 @@ class Bfloat16BenchmarkTest(tf.test.TestCase):
       self.assertAllClose(r["peak_fraction"], r["gflops"] / peak)
       self.assertAllClose(r["compute_roof_wps"],
                           peak * 1e9 / r["train_flops_per_word"])
+
+
+class ProfileTest(tf.test.TestCase):
+
+  def testSharesAddUpToTheTracedStepAndAreDrawn(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      testing.make_corpus(tmp)
+      png, out_json = (os.path.join(tmp, n) for n in ("p.png", "b.json"))
+      out = run_benchmark([
+          "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
+          "--warmup=1", "--profile=" + png, "--output_json=" + out_json,
+          "--config_overrides=vocab_size=100,hidden_size=256,num_steps=20"])
+      lines = [l for l in out.splitlines() if l.startswith("profile: ")]
+      self.assertLen(lines, 1)
+      self.assertIn("recurrent products", lines[0])
+      with open(out_json) as f:
+        result = json.load(f)["results"][0]
+      parts = result["profile_seconds"]
+      self.assertEqual(sorted(parts), sorted(profile_lib.PARTS))
+      self.assertAllClose(sum(parts.values()),
+                          result["profile_busy_seconds"])
+      # Within 10 % of the traced step: the gaps between ops are small.
+      self.assertGreater(result["profile_busy_seconds"],
+                         0.9 * result["profile_step_seconds"])
+      with open(png, "rb") as f:
+        self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
 
 class EvalUnrollTest(tf.test.TestCase):

@@ -897,23 +897,41 @@ class PackPanelsBf16Op : public OpKernel {
         ctx, ctx->allocate_output(0, TensorShape({P, Kp, kPanel}), &out));
     const float* src = w.flat<float>().data();
     uint32_t* dst = reinterpret_cast<uint32_t*>(out->flat<int32>().data());
-    const bool transpose = transpose_;
-    // B[k, n], zero beyond the matrix.
-    auto at = [&](int64_t k, int64_t n) {
-      if (k >= K || n >= N) return 0.0f;
-      return transpose ? src[n * K + k] : src[k * N + n];
-    };
-    Parallel(ctx, P, 8 * Kp * kPanel, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        uint32_t* panel = dst + p * Kp * kPanel;
-        for (int64_t i = 0; i < Kp; ++i) {
-          for (int64_t j = 0; j < kPanel; ++j) {
-            const int64_t n = p * kPanel + j;
-            panel[i * kPanel + j] = Bf16Pair(at(2 * i, n), at(2 * i + 1, n));
+    if (transpose_) {
+      // Panel p holds rows n0..n0+31 of w: each row's pairs are adjacent.
+      Parallel(ctx, P, 8 * Kp * kPanel, [&](int64_t p0, int64_t p1) {
+        for (int64_t p = p0; p < p1; ++p) {
+          uint32_t* panel = dst + p * Kp * kPanel;
+          const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
+          if (width < kPanel) std::fill(panel, panel + Kp * kPanel, 0u);
+          for (int64_t j = 0; j < width; ++j) {
+            const float* row = src + (n0 + j) * K;
+            for (int64_t i = 0; i < K / 2; ++i) {
+              panel[i * kPanel + j] = Bf16Pair(row[2 * i], row[2 * i + 1]);
+            }
+            if (K % 2) panel[(Kp - 1) * kPanel + j] = Bf16Pair(row[K - 1], 0);
           }
         }
-      }
-    });
+      });
+    } else {
+      // Rows 2i and 2i + 1 of w are read contiguously and paired into
+      // every panel's row i.
+      Parallel(ctx, Kp, 8 * N, [&](int64_t i0, int64_t i1) {
+        std::vector<float> zeros(2 * i1 + 1 >= K ? N : 0, 0.0f);
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* even = src + 2 * i * N;
+          const float* odd = 2 * i + 1 < K ? even + N : zeros.data();
+          for (int64_t p = 0; p < P; ++p) {
+            uint32_t* out = dst + (p * Kp + i) * kPanel;
+            const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
+            for (int64_t j = 0; j < width; ++j) {
+              out[j] = Bf16Pair(even[n0 + j], odd[n0 + j]);
+            }
+            std::fill(out + width, out + kPanel, 0u);
+          }
+        }
+      });
+    }
   }
 
  private:

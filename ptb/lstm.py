@@ -64,15 +64,11 @@ def _forward_product(plan, w_h):
     return lambda h, x: bfloat16.matmul(h, w_h, plan.products) + x
   library = kernels_lib.load()
   if plan.products == bfloat16.BFLOAT16:
-    panels = library.pack_panels_bf16(_float32(w_h), transpose=False)
+    panels = library.pack_panels_bf16(w_h, transpose=False)
     return lambda h, x: library.panel_mat_mul_bf16(h, panels, x)
   panels = library.pack_panels(w_h, transpose=False)
   return lambda h, x: library.panel_mat_mul(h, panels, x, isa=plan.isa)
 
-
-def _float32(w):
-  """A bfloat16 operand back in float32 (exactly), for the panels to round."""
-  return tf.cast(w, tf.float32) if w.dtype == tf.bfloat16 else w
 
 
 def _backward_product(plan, w_h, batch):
@@ -90,7 +86,7 @@ def _backward_product(plan, w_h, batch):
     library = kernels_lib.load()
     zeros = tf.zeros([batch, w_h.shape[0]], tf.float32)
     if plan.products == bfloat16.BFLOAT16:
-      panels = library.pack_panels_bf16(_float32(w_h), transpose=True)
+      panels = library.pack_panels_bf16(w_h, transpose=True)
       return lambda d_gates: library.panel_mat_mul_bf16(d_gates, panels,
                                                         zeros)
     panels = library.pack_panels(w_h, transpose=True)
@@ -109,9 +105,13 @@ def _backward_product(plan, w_h, batch):
   return lambda d_gates: bfloat16.matmul(d_gates, w_h_t, plan.products)
 
 
-def split_kernel(kernel, input_size, products=bfloat16.FLOAT32):
+def split_kernel(kernel, input_size, products=bfloat16.FLOAT32,
+                 recurrent_products=None):
   """A kernel's input rows `[I, 4H]` and recurrent rows `[H, 4H]`, operands
   of `products` (bfloat16: cast once per pass, for every step's product).
+
+  `recurrent_products` (default `products`) is the recurrent rows' dtype:
+  float32 where the kernels' bfloat16 panels round them themselves.
 
   Split as one flat vector, so that the pieces are views of the kernel:
   TensorFlow splits along dim 0 without a copy when each piece starts on a
@@ -123,8 +123,15 @@ def split_kernel(kernel, input_size, products=bfloat16.FLOAT32):
   rows, cols = kernel.shape
   w_x, w_h = tf.split(tf.reshape(kernel, [-1]),
                       [input_size * cols, (rows - input_size) * cols])
-  return tuple(bfloat16.operand(tf.reshape(w, [-1, cols]), products)
-               for w in (w_x, w_h))
+  return (bfloat16.operand(tf.reshape(w_x, [-1, cols]), products),
+          bfloat16.operand(tf.reshape(w_h, [-1, cols]),
+                           recurrent_products or products))
+
+
+def _recurrent_products(plan):
+  """The dtype of w_h's operand: float32 for the bfloat16 panels to round."""
+  return (bfloat16.FLOAT32 if plan.forward == plan_lib.KERNELS
+          else plan.products)
 
 
 def ops_cell(gates, c):
@@ -174,7 +181,8 @@ def basic_forward(plan, x, c, h, kernel, bias):
   """
   blocks = wavefront.split_time(x)
   input_size = blocks[0].shape[2]
-  w_x, w_h = split_kernel(kernel, input_size, plan.products)
+  w_x, w_h = split_kernel(kernel, input_size, plan.products,
+                          _recurrent_products(plan))
   acts = {k: [] for k in ("i", "cs", "f", "o", "ci", "co", "c_prev",
                           "h_prev")}
   outputs = []
@@ -230,7 +238,8 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   sizes = [b.shape[0] for b in blocks]
   input_size = blocks[0].shape[2]
   hidden = kernel.shape[1] // 4
-  w_x, w_h = split_kernel(kernel, input_size, plan.products)
+  w_x, w_h = split_kernel(kernel, input_size, plan.products,
+                          _recurrent_products(plan))
   product = _backward_product(plan, w_h, acts["cs"][-1].shape[0])
   zeros_h = tf.zeros([hidden], kernel.dtype)
   d_c = tf.zeros_like(acts["cs"][-1]) if d_c is None else d_c
