@@ -737,17 +737,55 @@ panels[p, k, j] = B[k, 32 p + j], zero beyond N. w is B, or B^T [N, K] if
 transpose.
 )doc");
 
-class PackPanelsOp : public OpKernel {
+// PackPanels and PackPanelsBf16: the attribute transpose, and B's sizes.
+class PackOp : public OpKernel {
  public:
-  explicit PackPanelsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit PackOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose", &transpose_));
   }
 
+ protected:
+  // K and N of B, from w ([K, N], or [N, K] if transpose); false, with
+  // the op's error set, if w is not a matrix.
+  bool Sizes(OpKernelContext* ctx, const Tensor& w, int64_t* K, int64_t* N) {
+    if (w.dims() != 2) {
+      ctx->CtxFailure(errors::InvalidArgument("w must be 2-D"));
+      return false;
+    }
+    *K = w.dim_size(transpose_ ? 1 : 0);
+    *N = w.dim_size(transpose_ ? 0 : 1);
+    return true;
+  }
+
+  bool transpose_;
+};
+
+// The operands of PanelMatMul and PanelMatMulBf16: a [M, K], panels
+// [ceil(N / 32), panel_rows, 32], addend [M, N].
+Status CheckPanelOperands(const Tensor& a, const Tensor& panels,
+                          const Tensor& addend, int64_t panel_rows) {
+  if (a.dims() != 2 || panels.dims() != 3 || addend.dims() != 2) {
+    return errors::InvalidArgument("a, panels, addend must be 2-D, 3-D, 2-D");
+  }
+  if (panels.dim_size(0) != NumPanels(addend.dim_size(1)) ||
+      panels.dim_size(1) != panel_rows || panels.dim_size(2) != kPanel ||
+      addend.dim_size(0) != a.dim_size(0)) {
+    return errors::InvalidArgument(
+        "shapes do not match: a ", a.shape().DebugString(), ", panels ",
+        panels.shape().DebugString(), ", addend ",
+        addend.shape().DebugString());
+  }
+  return OkStatus();
+}
+
+class PackPanelsOp : public PackOp {
+ public:
+  using PackOp::PackOp;
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& w = ctx->input(0);
-    OP_REQUIRES(ctx, w.dims() == 2, errors::InvalidArgument("w must be 2-D"));
-    const int64_t K = w.dim_size(transpose_ ? 1 : 0);
-    const int64_t N = w.dim_size(transpose_ ? 0 : 1);
+    int64_t K, N;
+    if (!Sizes(ctx, w, &K, &N)) return;
     const int64_t P = NumPanels(N);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx,
@@ -787,9 +825,6 @@ class PackPanelsOp : public OpKernel {
       });
     }
   }
-
- private:
-  bool transpose_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("PackPanels").Device(DEVICE_CPU), PackPanelsOp);
@@ -822,19 +857,10 @@ class PanelMatMulOp : public OpKernel {
     const Tensor& a = ctx->input(0);
     const Tensor& panels = ctx->input(1);
     const Tensor& addend = ctx->input(2);
-    OP_REQUIRES(
-        ctx, a.dims() == 2 && panels.dims() == 3 && addend.dims() == 2,
-        errors::InvalidArgument("a, panels, addend must be 2-D, 3-D, 2-D"));
+    OP_REQUIRES_OK(ctx, CheckPanelOperands(a, panels, addend,
+                                           a.dims() == 2 ? a.dim_size(1) : 0));
     const int64_t M = a.dim_size(0), K = a.dim_size(1);
     const int64_t N = addend.dim_size(1);
-    OP_REQUIRES(ctx,
-                panels.dim_size(0) == NumPanels(N) &&
-                    panels.dim_size(1) == K && panels.dim_size(2) == kPanel &&
-                    addend.dim_size(0) == M,
-                errors::InvalidArgument(
-                    "shapes do not match: a ", a.shape().DebugString(),
-                    ", panels ", panels.shape().DebugString(), ", addend ",
-                    addend.shape().DebugString()));
     Tensor* c = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({M, N}), &c));
     const float* ap = a.flat<float>().data();
@@ -880,17 +906,14 @@ and B[2i + 1, 32p + j] in its high half, zero beyond K and N. w is B, or
 B^T [N, K] if transpose.
 )doc");
 
-class PackPanelsBf16Op : public OpKernel {
+class PackPanelsBf16Op : public PackOp {
  public:
-  explicit PackPanelsBf16Op(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("transpose", &transpose_));
-  }
+  using PackOp::PackOp;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& w = ctx->input(0);
-    OP_REQUIRES(ctx, w.dims() == 2, errors::InvalidArgument("w must be 2-D"));
-    const int64_t K = w.dim_size(transpose_ ? 1 : 0);
-    const int64_t N = w.dim_size(transpose_ ? 0 : 1);
+    int64_t K, N;
+    if (!Sizes(ctx, w, &K, &N)) return;
     const int64_t P = NumPanels(N), Kp = NumPairs(K);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(
@@ -933,9 +956,6 @@ class PackPanelsBf16Op : public OpKernel {
       });
     }
   }
-
- private:
-  bool transpose_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("PackPanelsBf16").Device(DEVICE_CPU),
@@ -980,19 +1000,11 @@ class PanelMatMulBf16Op : public OpKernel {
     const Tensor& a = ctx->input(0);
     const Tensor& panels = ctx->input(1);
     const Tensor& addend = ctx->input(2);
-    OP_REQUIRES(
-        ctx, a.dims() == 2 && panels.dims() == 3 && addend.dims() == 2,
-        errors::InvalidArgument("a, panels, addend must be 2-D, 3-D, 2-D"));
+    OP_REQUIRES_OK(ctx, CheckPanelOperands(
+                            a, panels, addend,
+                            a.dims() == 2 ? NumPairs(a.dim_size(1)) : 0));
     const int64_t M = a.dim_size(0), K = a.dim_size(1), Kp = NumPairs(K);
     const int64_t N = addend.dim_size(1);
-    OP_REQUIRES(ctx,
-                panels.dim_size(0) == NumPanels(N) &&
-                    panels.dim_size(1) == Kp && panels.dim_size(2) == kPanel &&
-                    addend.dim_size(0) == M,
-                errors::InvalidArgument(
-                    "shapes do not match: a ", a.shape().DebugString(),
-                    ", panels ", panels.shape().DebugString(), ", addend ",
-                    addend.shape().DebugString()));
     Tensor* c = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({M, N}), &c));
     // a's rows as bfloat16 pairs, once for all the panels.
