@@ -455,14 +455,15 @@ def main(_):
                               FLAGS.save_every_steps):
     return
   outputs.check_all(FLAGS.save_path, FLAGS.memory_log, FLAGS.summary_json)
-  init_from = original_checkpoint.check_flags(FLAGS.init_from,
-                                              FLAGS.eval_only, FLAGS.save_path)
   config = config_lib.resolve_config(get_config(FLAGS.model, FLAGS.rnn_mode),
                                      FLAGS.num_gpus, FLAGS.config_overrides)
   devices = devices_lib.check_devices(FLAGS.num_gpus, config.rnn_mode,
                                       FLAGS.cpu_towers)
   bfloat16.check(FLAGS.use_bf16, FLAGS.use_fp16, FLAGS.force_bf16, devices,
                  config.rnn_mode)
+  init_from = original_checkpoint.check_flags(
+      FLAGS.init_from, FLAGS.eval_only, FLAGS.save_path, config,
+      data_type(FLAGS.use_fp16))
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
   summary_thread.check(FLAGS.original_summary_secs, plan_lib.eval_windows(

@@ -151,15 +151,20 @@ def resolve(path):
   return path
 
 
-def check_flags(init_from_path, eval_only, save_path):
+def check_flags(init_from_path, eval_only, save_path, config=None,
+                dtype=tf.float32):
   """Checks --init_from and --eval_only before any work.
+
+  With `config`, the checkpoint must hold every weight that config builds
+  in `dtype`, with its shape.
 
   Returns:
     The checkpoint prefix to start from, or None.
 
   Raises:
     UserError: --eval_only without --init_from or with --save_path (it
-      trains and saves nothing), or no checkpoint at --init_from.
+      trains and saves nothing), no checkpoint at --init_from, or one whose
+      weights this config cannot take.
   """
   if eval_only and not init_from_path:
     raise UserError("--eval_only evaluates the weights of --init_from: give "
@@ -167,15 +172,52 @@ def check_flags(init_from_path, eval_only, save_path):
   if eval_only and save_path:
     raise UserError("--eval_only trains and saves nothing: drop --save_path",
                     exit_code=2)
-  return resolve(init_from_path) if init_from_path else None
+  if not init_from_path:
+    return None
+  ckpt = resolve(init_from_path)
+  if config is not None:
+    from ptb.params import create_params  # pylint: disable=g-import-not-at-top
+    with tf.Graph().as_default(), tf.compat.v1.variable_scope("Model"):
+      _matching_names(ckpt, create_params(config, dtype).as_list())
+  return ckpt
+
+
+def _matching_names(ckpt, variables):
+  """{name in `ckpt`: variable} for `variables`, each found and fitting.
+
+  Raises:
+    UserError: a weight missing, or of another shape or dtype.
+  """
+  names = checkpoint_names(ckpt)
+  saved = tf.train.load_checkpoint(ckpt)
+  shapes = saved.get_variable_to_shape_map()
+  dtypes = saved.get_variable_to_dtype_map()
+  assignment = {}
+  for variable in variables:
+    port = variable.op.name
+    if port not in names:
+      raise UserError("--init_from: %s holds no weight %s (or the original's "
+                      "name for it)" % (ckpt, port))
+    name = names[port]
+    if list(shapes[name]) != variable.shape.as_list():
+      raise UserError("--init_from: %s has %s of shape %s; this config's is "
+                      "%s" % (ckpt, name, list(shapes[name]),
+                              variable.shape.as_list()))
+    if dtypes[name] != variable.dtype.base_dtype:
+      raise UserError("--init_from: %s holds %s as %s; this run's is %s"
+                      % (ckpt, name, dtypes[name].name,
+                         variable.dtype.base_dtype.name))
+    assignment[name] = variable
+  return assignment
 
 
 def init_from(path, variables):
   """Makes `variables` start from the weights of the checkpoint at `path`.
 
   The port's or the original's names (checkpoint_names); every variable
-  must find its weight with its shape. Call before the initializer op is
-  made: the variables' initial values become the checkpoint's.
+  must find its weight with its shape and dtype. Call before the
+  initializer op is made: the variables' initial values become the
+  checkpoint's.
 
   Args:
     path: a checkpoint prefix, or a directory whose latest checkpoint it is.
@@ -185,22 +227,10 @@ def init_from(path, variables):
     The checkpoint prefix read.
 
   Raises:
-    UserError: no checkpoint, a weight missing, or of another shape.
+    UserError: no checkpoint, a weight missing, or of another shape or
+      dtype (a float32 checkpoint in a --use_fp16 run, say).
   """
   ckpt = resolve(path)
-  names = checkpoint_names(ckpt)
-  shapes = tf.train.load_checkpoint(ckpt).get_variable_to_shape_map()
-  assignment = {}
-  for variable in variables:
-    port = variable.op.name
-    if port not in names:
-      raise UserError("--init_from: %s holds no weight %s (or the original's "
-                      "name for it)" % (ckpt, port))
-    shape = shapes[names[port]]
-    if list(shape) != variable.shape.as_list():
-      raise UserError("--init_from: %s has %s of shape %s; this config's is "
-                      "%s" % (ckpt, names[port], list(shape),
-                              variable.shape.as_list()))
-    assignment[names[port]] = variable
-  tf.compat.v1.train.init_from_checkpoint(ckpt, assignment)
+  tf.compat.v1.train.init_from_checkpoint(ckpt,
+                                          _matching_names(ckpt, variables))
   return ckpt

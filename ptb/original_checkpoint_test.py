@@ -86,6 +86,12 @@ class NamesTest(tf.test.TestCase):
         oc.init_from(ckpt, _variables(config))
       weights["Model/RNN/cell_1/bias"] = np.zeros(32, np.float32)
       oc.write(ckpt, weights)
+      # Checked against the config before any work (main's check_flags).
+      with self.assertRaisesRegex(UserError, r"holds Model/\S+ as float32; "
+                                  r"this run's is float16"):
+        oc.check_flags(ckpt, False, None, config, tf.float16)
+      self.assertEqual(oc.check_flags(os.path.dirname(ckpt), True, None,
+                                      config), ckpt)
       config.hidden_size = 9
       with self.assertRaisesRegex(UserError, r"Model/embedding of shape "
                                   r"\[30, 8\]; this config's is \[30, 9\]"):
