@@ -1052,6 +1052,34 @@ class ErrorTest(tf.test.TestCase):
                      "visible to TensorFlow; use --num_gpus=0 to train on "
                      "the CPU")
 
+  def testBlankAndByteOrderMarkedCorporaThroughTheCommandLine(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      plain, marked, blank = (os.path.join(tmp, n)
+                              for n in ("plain", "marked", "blank"))
+      for d in (plain, marked, blank):
+        os.mkdir(d)
+        make_corpus(d)
+      with open(os.path.join(blank, "ptb.train.txt"), "w") as f:
+        f.write("\n" * 3000)
+      for name in ("train", "valid", "test"):
+        path = os.path.join(marked, "ptb.%s.txt" % name)
+        with open(path, "rb") as f:
+          text = f.read()
+        with open(path, "wb") as f:
+          f.write(b"\xef\xbb\xbf" + text)
+      args = ["--model=test", "--num_gpus=0", "--seed=1"]
+      _, _, stop = run_in_process(["--data_path=" + blank] + args)
+      self.assertIsInstance(stop, UserError)
+      self.assertRegex(str(stop), "ptb.train.txt holds no words, only 3000 "
+                       "line ends$")
+      outs = []
+      for d in (plain, marked):
+        out, err, stop = run_in_process(["--data_path=" + d] + args)
+        self.assertIsNone(stop, err)
+        outs.append(re.sub(r"speed: \d+ wps", "", out))
+      self.assertIn("Test Perplexity", outs[0])
+      self.assertEqual(outs[1], outs[0])
+
   def testOverridesAreAnnouncedOnlyOnceChecked(self):
     out, _, stop = run_in_process([
         "--data_path=/nonexistent", "--num_gpus=0", "--model=test",
