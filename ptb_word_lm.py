@@ -499,16 +499,12 @@ def main(_):
                                       FLAGS.use_fp16, FLAGS.eval_unroll,
                                       replica, FLAGS.train_from_zero_state,
                                       plan)
-      if init_from:  # before the initializer op is made
-        original_checkpoint.init_from(init_from,
-                                      tf.compat.v1.trainable_variables())
       run_state = training.RunState(
           FLAGS.save_path, m, resume, summary, record, cluster,
-          FLAGS.cluster_timeout)
+          FLAGS.cluster_timeout, init_from)
       done = cluster_lib.done_ops(cluster) if cluster else []
-      window_taker = (summary_thread.WindowTaker(
-          FLAGS.original_summary_secs, [m.input, mvalid.input])
-                      if FLAGS.original_summary_secs else None)
+      window_taker = summary_thread.WindowTaker(FLAGS.original_summary_secs,
+                                                [m.input, mvalid.input])
     with training.open_session(
         graph, devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads,
         cluster, FLAGS.cluster_timeout) as session, SignalCatcher() as signals:

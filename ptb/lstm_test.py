@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from ptb import lstm
 from ptb import plan as plan_lib
+from ptb import recurrent_product
 from ptb.config import BASIC, BLOCK
 from ptb.state import LSTMStateTuple
 from ptb.testing import reference_lstm
@@ -171,7 +172,7 @@ class LstmLayerTest(tf.test.TestCase):
     read through DLPack: numpy() would copy.
     """
     kernel = tf.reshape(tf.range(1300 * 2600, dtype=tf.float32), [1300, 2600])
-    w_x, w_h = lstm.split_kernel(kernel, 650)
+    w_x, w_h = recurrent_product.split_kernel(kernel, 650)
     self.assertAllEqual(w_x, kernel[:650])
     self.assertAllEqual(w_h, kernel[650:])
     base = buffer_address(kernel)

@@ -1,6 +1,6 @@
 """The 2018 original's checkpoints: its variable names, written and read.
 
-The original (TensorFlow 1.5, tf.contrib) named its weights after the cells
+The original (TensorFlow 1.5, its contrib cells) named its weights after the cells
 that made them; the port names them once for every mode (ptb/params.py).
 Both keep the same values in the same layout: a kernel `[I + H, 4H]` that
 multiplies the inputs and then h, with gate blocks (i, j, f, o), as

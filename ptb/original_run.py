@@ -1,7 +1,7 @@
 """The 2018 original, run beside the port: its virtualenv, its edited copy.
 
 The original tutorial (tensorflow/models, tutorials/rnn/ptb, March 2018)
-needs TensorFlow 1.x and tf.contrib: TensorFlow 1.5.1, the version of the
+needs TensorFlow 1.x and its contrib modules: TensorFlow 1.5.1, the version of the
 how-to this project follows, in a Python 3.6 virtualenv with the packages
 of its time. Its configs are classes edited in place, so a run of another
 config is a copy of its files whose class is edited, as a user would edit
@@ -43,9 +43,9 @@ def check_files(directory):
                                         ", ".join(FILES)), exit_code=2)
   with open(os.path.join(directory, "ptb_word_lm.py")) as f:
     source = f.read()
-  if "tf.contrib" not in source or "class LargeConfig" not in source:
+  if "BasicLSTMCell" not in source or "class LargeConfig" not in source:
     raise UserError("--original=%s: its ptb_word_lm.py is not the 2018 "
-                    "tutorial (no LargeConfig built on tf.contrib)"
+                    "tutorial (no LargeConfig with a BasicLSTMCell)"
                     % directory, exit_code=2)
 
 

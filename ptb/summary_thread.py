@@ -35,16 +35,20 @@ class WindowTaker(object):
 
   Called before a run's first session call and after every call; each time
   at least `every_secs` have passed since the last take (the first call
-  always takes), every input's position moves on by one call.
+  always takes), every input's position moves on by one call. With
+  `every_secs` 0 it takes nothing.
   """
 
   def __init__(self, every_secs, inputs):
     """Builds the op; `inputs` are PTBInputs of one window a call."""
     self._every = every_secs
     self._next = None
-    self._take = tf.group(*[i.position.assign_add(1) for i in inputs])
+    self._take = (tf.group(*[i.position.assign_add(1) for i in inputs])
+                  if every_secs else None)
 
   def __call__(self, session):
+    if self._take is None:
+      return
     now = time.time()
     if self._next is None:
       self._next = now

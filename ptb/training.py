@@ -20,6 +20,7 @@ from ptb import cluster as cluster_lib
 from ptb import devices as devices_lib
 from ptb import dropout
 from ptb import monitor
+from ptb import original_checkpoint
 from ptb import resume as resume_lib
 from ptb import tensorboard
 from ptb.checkpoint import Checkpointer
@@ -133,7 +134,7 @@ class RunState(object):
   """
 
   def __init__(self, save_path, model, resume, summary, record, cluster=None,
-               cluster_timeout=None):
+               cluster_timeout=None, init_from=None):
     """Creates the variables and ops of the run's start and saves.
 
     Args:
@@ -144,6 +145,8 @@ class RunState(object):
       record: run_record of the run.
       cluster: the cluster.Cluster of this worker, or None.
       cluster_timeout: seconds a worker waits for the chief to initialise.
+      init_from: a checkpoint whose weights the variables start from
+        (--init_from, checked), or None.
     """
     self.save_path = save_path
     self.save_failure = None
@@ -158,6 +161,9 @@ class RunState(object):
     self._weights_finite = tf.reduce_all([
         tf.reduce_all(tf.math.is_finite(v))
         for v in tf.compat.v1.trainable_variables()])
+    if init_from:  # the weights' initial values, before the initializer
+      original_checkpoint.init_from(init_from,
+                                    tf.compat.v1.trainable_variables())
     self._global_init = tf.compat.v1.global_variables_initializer()
     self._local_init = tf.compat.v1.local_variables_initializer()
     self._checkpointer = None
