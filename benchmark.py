@@ -62,6 +62,7 @@ from ptb import devices as devices_lib
 from ptb import machine
 from ptb import outputs
 from ptb import plan as plan_lib
+from ptb import planner
 from ptb import profile as profile_lib
 from ptb import roofline as roofline_lib
 from ptb.errors import UserError
@@ -97,8 +98,9 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   # What the training step runs (figures of machines compare only like
   # with like): the plan it is built from.
   products = bfloat16.products(FLAGS.use_bf16)
-  plan = plan_lib.make(config, devices, ptb_word_lm.data_type(FLAGS.use_fp16),
-                       plan_lib.offered(), products=products)
+  plan = planner.make(FLAGS.plan, config, devices,
+                      ptb_word_lm.data_type(FLAGS.use_fp16), plan_lib.offered(),
+                      products=products)
   with tf.Graph().as_default():
     if FLAGS.seed is not None:
       tf.compat.v1.set_random_seed(FLAGS.seed)

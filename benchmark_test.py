@@ -109,7 +109,7 @@ class InProcessBenchmarkTest(tf.test.TestCase):
         "--num_gpus=0", "--steps=3", "--warmup=1",
         "--output_json=" + cls.out_json, "--roofline=" + cls.measured_png,
         "--config_overrides=vocab_size=100,hidden_size=512,batch_size=10,"
-        "num_steps=8"])
+        "num_steps=8", "--plan=estimate"])  # the rules' plan, reported
     with open(cls.out_json) as f:
       cls.report = json.load(f)
 
@@ -202,6 +202,7 @@ class InProcessBenchmarkTest(tf.test.TestCase):
     for row, r in zip(rows, self.report["results"]):
       self.assertIn(" recurrent=%s " % want, row)
       self.assertEqual(r["plan"]["recurrent"], want)
+      self.assertEqual(r["plan"]["plan"], "estimate")
       self.assertIn(" ".join("%s=%s" % kv for kv in r["plan"].items()), row)
 
 
@@ -382,7 +383,8 @@ class ProfileTest(tf.test.TestCase):
       out = run_benchmark([
           "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
           "--warmup=1", "--profile=" + png, "--output_json=" + out_json,
-          "--config_overrides=vocab_size=100,hidden_size=256,num_steps=20"])
+          "--config_overrides=vocab_size=100,hidden_size=512,num_steps=20",
+          "--plan=estimate"])
       lines = [l for l in out.splitlines() if l.startswith("profile: ")]
       self.assertLen(lines, 1)
       self.assertIn("recurrent products", lines[0])

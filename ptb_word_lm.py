@@ -32,8 +32,7 @@ To run:
 
 $ python ptb_word_lm.py --data_path=simple-examples/data/ --num_gpus=0
 
-This port runs on current TensorFlow (graph mode through tf.compat.v1) with
-only tensorflow, numpy and absl-py.
+This port runs on current TensorFlow with only tensorflow, numpy and absl-py.
 """
 
 import copy
@@ -71,6 +70,7 @@ from ptb import low_rank_update
 from ptb import original_checkpoint
 from ptb import outputs
 from ptb import plan as plan_lib
+from ptb import planner
 from ptb import state as state_lib
 from ptb import summary as summary_lib
 from ptb import summary_thread
@@ -79,8 +79,7 @@ from ptb import training
 # The original's mode names, for the configs and the users of this module.
 from ptb.config import AUTO, BASIC, BLOCK, CUDNN
 from ptb.params import create_params
-from ptb.watch import SignalCatcher
-from ptb.watch import Watch
+from ptb.watch import SignalCatcher, Watch
 import reader
 import util
 
@@ -257,10 +256,9 @@ class PTBModel(object):
     """
     self._input = input_
     dtype = data_type(use_fp16)
-    if plan is None:
-      plan = plan_lib.step(
-          config, input_.batch_size, input_.num_steps * input_.steps_per_call,
-          devices, dtype, plan_lib.offered(), is_training, replica[1])
+    plan = plan or plan_lib.step(
+        config, input_.batch_size, input_.num_steps * input_.steps_per_call,
+        devices, dtype, plan_lib.offered(), is_training, replica[1])
 
     with tf.device(util.variable_device(devices)):
       params = create_params(config, dtype)
@@ -420,16 +418,13 @@ def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
   """(m, mvalid, mtest): the Train, Valid and Test models, sharing weights.
 
   Validation and test run `max(1, eval_unroll // num_steps)` windows per
-  session call, unrolled in the graph with the state carried inside: the same
-  numbers in far fewer calls. They always carry their state; training does
-  unless `train_from_zero_state`. Each follows its part of `plan` (a
-  plan.Plan; None: plan.make's for these configs and devices here, with
-  float32 products).
+  session call, unrolled in the graph, their state carried (training's
+  unless `train_from_zero_state`). Each follows its part of `plan` (a
+  plan.Plan; None: the rules' for these configs, float32 products).
   """
-  if plan is None:
-    plan = plan_lib.make(config, devices, data_type(use_fp16),
-                         plan_lib.offered(), replica[1], eval_config,
-                         eval_unroll)
+  plan = plan or plan_lib.make(config, devices, data_type(use_fp16),
+                               plan_lib.offered(), replica[1], eval_config,
+                               eval_unroll)
   train_data, valid_data, test_data = data
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
                         replica=replica, carry_state=not train_from_zero_state,
@@ -473,18 +468,16 @@ def main(_):
       data_lib.resolve(FLAGS.data_path), config.vocab_size,
       (config.batch_size * len(devices) * replica[1], config.batch_size, 1),
       (config.num_steps, config.num_steps, 1))
-  # Once the input is known to be good, and before anything is written: a
-  # refused run (a lock held, a checkpoint this config cannot continue).
+  # Refusals once the input is good, before anything is written.
   chief = training.is_chief(cluster)
   outputs.lock(FLAGS.save_path, chief)
   record = training.run_record(config, devices, cluster,
                                FLAGS.train_from_zero_state, FLAGS.use_bf16)
   resume = training.find_resume(FLAGS.save_path, record, cluster)
   # Every choice of the steps to come, made here once (ptb/plan.py).
-  plan = plan_lib.make(config, devices, data_type(FLAGS.use_fp16),
-                       plan_lib.offered(), replica[1], eval_config,
-                       FLAGS.eval_unroll,
-                       products=bfloat16.products(FLAGS.use_bf16))
+  plan = planner.make(FLAGS.plan, config, devices, data_type(FLAGS.use_fp16),
+                      plan_lib.offered(), replica[1], eval_config,
+                      FLAGS.eval_unroll, bfloat16.products(FLAGS.use_bf16))
   print(plan_lib.line(plan), file=sys.stderr, flush=True)
   summary = summary_lib.Summary(FLAGS.summary_json, sys.argv, FLAGS.model,
                                 config, devices, start_time,
@@ -514,7 +507,7 @@ def main(_):
       # Start-up is over; the library code it ran need not stay resident.
       monitor.release_library_pages()
       epochs = training.EpochLog(summary, run_state, watch, config.num_steps,
-                                 replica[1])
+                                 replica[1], bool(cluster))
       with training.summarize_failures(summary, watch.where, cluster,
                                        FLAGS.cluster_timeout):
         last_epoch = first_epoch if FLAGS.eval_only else config.max_max_epoch
@@ -529,9 +522,7 @@ def main(_):
           start = None
           if not chief:
             continue
-          if cluster and epochs.train_wps() is not None:
-            print("Epoch: %d Cluster speed: %.0f wps"
-                  % (i + 1, epochs.train_wps()))
+          epochs.print_cluster_speed(i + 1)
           valid_perplexity = run_epoch(
               session, mvalid, on_step=watch.begin("valid", i + 1))
           print("Epoch: %d Valid Perplexity: %.3f" % (i + 1, valid_perplexity))

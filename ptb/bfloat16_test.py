@@ -118,11 +118,12 @@ def _rows(config, seed=0):
 
 
 def _plan(config, products, chunk=None, kernels=None, packed_bf16=False,
-          **limits):
+          choices=plan_lib.RULES, **limits):
   """The training Step in `products`, its wavefront and thresholds forced.
 
   With packed_bf16, the recurrent products on the kernels' panels, in
-  bfloat16 on PackPanelsBf16's (as where the CPU has VDPBF16PS).
+  bfloat16 on PackPanelsBf16's (as where the CPU has VDPBF16PS); choices
+  (a measured plan's) over the rules.
   """
   kernels = kernels or plan_lib.offered()
   if packed_bf16:
@@ -132,7 +133,7 @@ def _plan(config, products, chunk=None, kernels=None, packed_bf16=False,
       config, config.batch_size, config.num_steps, ("/cpu:0",), tf.float32,
       kernels,
       limits=testing.wavefront_limits(chunk, config.hidden_size)._replace(
-          **limits), products=products)
+          **limits), products=products, choices=choices)
   assert not packed_bf16 or plan.lstm.forward == plan_lib.KERNELS, plan
   return plan
 
@@ -172,6 +173,11 @@ class ModelTest(tf.test.TestCase):
         # VDPBF16PS's panels (the scalar unit where the CPU lacks it).
         "layer, bfloat16 panels": ("basic", dict(packed_bf16=True)),
         "block, bfloat16 panels": ("block", dict(packed_bf16=True)),
+        # A measured plan's parts in different dtypes.
+        "softmax alone in bfloat16": ("basic", dict(
+            choices=plan_lib.Choices(lstm_products=FLOAT32))),
+        "the LSTM alone in bfloat16": ("block", dict(
+            choices=plan_lib.Choices(softmax_products=FLOAT32))),
     }
     for name, (mode, plan_args) in paths.items():
       if plan_args.get("packed_bf16") and plan_lib.offered().isa is None:

@@ -2,7 +2,7 @@
 
 ptb_word_lm.py defines the tutorial's own flags (and --config_overrides);
 importing this module defines the rest: devices and threads, evaluation,
-seeding, starting weights, bfloat16 products, checkpoints, the memory log
+seeding, starting weights, bfloat16 products, the plan, checkpoints, the memory log
 and summary, and the cluster. They are read only by the entry points
 (ptb_word_lm.main, benchmark.py).
 """
@@ -55,6 +55,12 @@ flags.DEFINE_bool(
     "force_bf16", False,
     "With --use_bf16: run it even on a CPU without bfloat16 units (slow; "
     "for tests).")
+flags.DEFINE_enum(
+    "plan", "measure", ["measure", "estimate"],
+    "How each product's path is chosen: measure times the candidates at "
+    "the config's shapes on the first run of a config on this machine and "
+    "keeps the choice (ptb/planner.py); estimate uses the rules of "
+    "ptb/plan.py.")
 flags.DEFINE_integer(
     "save_every_steps", 0,
     "With --save_path, also save a checkpoint every this many training "

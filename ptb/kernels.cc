@@ -303,6 +303,11 @@ constexpr uint16_t kBf16Operand = 0x3A80;
 using PairRowsFn = void (*)(const uint32_t* a, int64_t M, int64_t Kp,
                             const uint32_t* panel, const float* x, float* c,
                             int64_t ldc, int64_t width);
+// n floats rounded to n bfloat16s (RoundRowFn); and n pairs of floats,
+// even[j] and odd[j], rounded to n words of two bfloat16s (PairRowFn).
+using RoundRowFn = void (*)(const float* src, int64_t n, uint16_t* dst);
+using PairRowFn = void (*)(const float* even, const float* odd, int64_t n,
+                           uint32_t* dst);
 
 int64_t NumPairs(int64_t k) { return (k + 1) / 2; }
 
@@ -321,6 +326,17 @@ uint16_t ToBf16(float f) {
 
 uint32_t Bf16Pair(float even, float odd) {
   return uint32_t{ToBf16(even)} | (uint32_t{ToBf16(odd)} << 16);
+}
+
+// The rounding of whole rows in scalar code: the reference of the vector
+// unit's RoundRow and PairRow, and the path of CPUs without it.
+void ScalarRoundRow(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = ToBf16(src[j]);
+}
+
+void ScalarPairRow(const float* even, const float* odd, int64_t n,
+                   uint32_t* dst) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = Bf16Pair(even[j], odd[j]);
 }
 
 float FromBf16(uint32_t h) {
@@ -366,7 +382,7 @@ void ScalarPairRows(const uint32_t* a, int64_t M, int64_t Kp,
 }  // namespace tensorflow
 
 #pragma GCC push_options
-#pragma GCC target("avx512bf16,avx512f")
+#pragma GCC target("avx512bf16,avx512f,avx512bw,avx512vl")
 namespace tensorflow {
 namespace {
 namespace bf16_avx512 {
@@ -440,6 +456,45 @@ void PairTile(const uint32_t* a, int64_t Kp, const uint32_t* panel,
     _mm512_mask_storeu_ps(cr + kLanes, m1,
                           _mm512_add_ps(acc[r][1],
                                         _mm512_maskz_loadu_ps(m1, xr + kLanes)));
+  }
+}
+
+// RoundRow with VCVTNEPS2BF16, 16 floats at a time, the tail masked.
+void RoundRow(const float* src, int64_t n, uint16_t* dst) {
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + j)));
+  }
+  if (j < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - j)) - 1);
+    _mm256_mask_storeu_epi16(
+        dst + j, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, src + j)));
+  }
+}
+
+// PairRow with VCVTNE2PS2BF16, which rounds 16 even and 16 odd floats into
+// one vector (the even ones in its low half); a permutation of its 16-bit
+// halves then puts each even one beside its odd one.
+void PairRow(const float* even, const float* odd, int64_t n, uint32_t* dst) {
+  alignas(64) uint16_t order[2 * kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    order[2 * j] = static_cast<uint16_t>(j);
+    order[2 * j + 1] = static_cast<uint16_t>(kLanes + j);
+  }
+  const __m512i interleave = _mm512_load_si512(order);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(
+        _mm512_loadu_ps(odd + j), _mm512_loadu_ps(even + j));
+    _mm512_storeu_si512(dst + j, _mm512_permutexvar_epi16(interleave, both));
+  }
+  if (j < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(
+        _mm512_maskz_loadu_ps(m, odd + j), _mm512_maskz_loadu_ps(m, even + j));
+    _mm512_mask_storeu_epi32(dst + j, m,
+                             _mm512_permutexvar_epi16(interleave, both));
   }
 }
 
@@ -883,9 +938,29 @@ class PanelMatMulOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("PanelMatMul").Device(DEVICE_CPU), PanelMatMulOp);
 
+// The bfloat16 ops' attribute unit, shared by PackPanelsBf16 and
+// PanelMatMulBf16: `vector` whether they run the VDPBF16PS unit's code
+// (auto: where the CPU and the OS have it), else the same arithmetic in
+// scalar code; an error for a unit the CPU lacks.
+Status VectorBf16Unit(OpKernelConstruction* ctx, const char* op,
+                      bool* vector) {
+  std::string unit;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("unit", &unit));
+  const Bf16Units units = CpuBf16Units();
+  *vector = units.avx512_bf16.cpu && units.avx512_bf16.os;
+  if (unit == "avx512_bf16" && !*vector) {
+    return errors::InvalidArgument(
+        op, ": unit avx512_bf16 needs a CPU with AVX512_BF16 and the AVX-512 "
+        "state enabled by the OS");
+  }
+  *vector = *vector && unit != "scalar";
+  return OkStatus();
+}
+
 REGISTER_OP("PackPanelsBf16")
     .Input("w: float")
     .Attr("transpose: bool")
+    .Attr("unit: {'auto', 'avx512_bf16', 'scalar'} = 'auto'")
     .Output("panels: int32")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       bool transpose;
@@ -903,12 +978,18 @@ The right-hand factor B [K, N] of a product, rounded to bfloat16 (to
 nearest even) and packed for VDPBF16PS: panels [ceil(N / 32), ceil(K / 2),
 32] of 32-bit words, word [p, i, j] holding B[2i, 32p + j] in its low half
 and B[2i + 1, 32p + j] in its high half, zero beyond K and N. w is B, or
-B^T [N, K] if transpose.
+B^T [N, K] if transpose. unit: who rounds, as in PanelMatMulBf16 (the same
+bits either way).
 )doc");
 
 class PackPanelsBf16Op : public PackOp {
  public:
-  using PackOp::PackOp;
+  explicit PackPanelsBf16Op(OpKernelConstruction* ctx) : PackOp(ctx) {
+    bool vector = false;
+    OP_REQUIRES_OK(ctx, VectorBf16Unit(ctx, "PackPanelsBf16", &vector));
+    round_ = vector ? &bf16_avx512::RoundRow : &ScalarRoundRow;
+    pair_ = vector ? &bf16_avx512::PairRow : &ScalarPairRow;
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& w = ctx->input(0);
@@ -920,19 +1001,21 @@ class PackPanelsBf16Op : public PackOp {
         ctx, ctx->allocate_output(0, TensorShape({P, Kp, kPanel}), &out));
     const float* src = w.flat<float>().data();
     uint32_t* dst = reinterpret_cast<uint32_t*>(out->flat<int32>().data());
+    const RoundRowFn round = round_;
+    const PairRowFn pair = pair_;
     if (transpose_) {
-      // Panel p holds rows n0..n0+31 of w: each row's pairs are adjacent.
+      // Panel p holds rows n0..n0+31 of w, whose pairs are adjacent: each
+      // row rounded in order is its column's words, then set in place.
       Parallel(ctx, P, 8 * Kp * kPanel, [&](int64_t p0, int64_t p1) {
+        std::vector<uint32_t> words(Kp, 0u);
+        uint16_t* halves = reinterpret_cast<uint16_t*>(words.data());
         for (int64_t p = p0; p < p1; ++p) {
           uint32_t* panel = dst + p * Kp * kPanel;
           const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
           if (width < kPanel) std::fill(panel, panel + Kp * kPanel, 0u);
           for (int64_t j = 0; j < width; ++j) {
-            const float* row = src + (n0 + j) * K;
-            for (int64_t i = 0; i < K / 2; ++i) {
-              panel[i * kPanel + j] = Bf16Pair(row[2 * i], row[2 * i + 1]);
-            }
-            if (K % 2) panel[(Kp - 1) * kPanel + j] = Bf16Pair(row[K - 1], 0);
+            round(src + (n0 + j) * K, K, halves);  // an odd K's pad stays 0
+            for (int64_t i = 0; i < Kp; ++i) panel[i * kPanel + j] = words[i];
           }
         }
       });
@@ -947,15 +1030,17 @@ class PackPanelsBf16Op : public PackOp {
           for (int64_t p = 0; p < P; ++p) {
             uint32_t* out = dst + (p * Kp + i) * kPanel;
             const int64_t n0 = p * kPanel, width = std::min(kPanel, N - n0);
-            for (int64_t j = 0; j < width; ++j) {
-              out[j] = Bf16Pair(even[n0 + j], odd[n0 + j]);
-            }
+            pair(even + n0, odd + n0, width, out);
             std::fill(out + width, out + kPanel, 0u);
           }
         }
       });
     }
   }
+
+ private:
+  RoundRowFn round_;
+  PairRowFn pair_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("PackPanelsBf16").Device(DEVICE_CPU),
@@ -982,18 +1067,10 @@ on any CPU), or auto (avx512_bf16 where the CPU has it, else scalar).
 class PanelMatMulBf16Op : public OpKernel {
  public:
   explicit PanelMatMulBf16Op(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string unit;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("unit", &unit));
-    const Bf16Units units = CpuBf16Units();
-    const bool vector = units.avx512_bf16.cpu && units.avx512_bf16.os;
-    if (unit == "avx512_bf16") {
-      OP_REQUIRES(ctx, vector,
-                  errors::InvalidArgument(
-                      "PanelMatMulBf16: unit avx512_bf16 needs a CPU with "
-                      "AVX512_BF16 and the AVX-512 state enabled by the OS"));
-    }
-    rows_ = (unit == "scalar" || !vector) ? &ScalarPairRows
-                                          : &bf16_avx512::PairRows;
+    bool vector = false;
+    OP_REQUIRES_OK(ctx, VectorBf16Unit(ctx, "PanelMatMulBf16", &vector));
+    rows_ = vector ? &bf16_avx512::PairRows : &ScalarPairRows;
+    round_ = vector ? &bf16_avx512::RoundRow : &ScalarRoundRow;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -1011,14 +1088,13 @@ class PanelMatMulBf16Op : public OpKernel {
     Tensor pairs;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT32, TensorShape({M, Kp}),
                                            &pairs));
+    // A row rounded in order is its pairs; an odd K's last high half is 0.
     const float* ap = a.flat<float>().data();
     uint32_t* apairs = reinterpret_cast<uint32_t*>(pairs.flat<int32>().data());
+    uint16_t* halves = reinterpret_cast<uint16_t*>(apairs);
     for (int64_t m = 0; m < M; ++m) {
-      const float* row = ap + m * K;
-      for (int64_t i = 0; i < Kp; ++i) {
-        apairs[m * Kp + i] =
-            Bf16Pair(row[2 * i], 2 * i + 1 < K ? row[2 * i + 1] : 0.0f);
-      }
+      round_(ap + m * K, K, halves + m * 2 * Kp);
+      if (K % 2) halves[m * 2 * Kp + K] = 0;
     }
     const uint32_t* pp =
         reinterpret_cast<const uint32_t*>(panels.flat<int32>().data());
@@ -1037,6 +1113,7 @@ class PanelMatMulBf16Op : public OpKernel {
 
  private:
   PairRowsFn rows_;
+  RoundRowFn round_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("PanelMatMulBf16").Device(DEVICE_CPU),

@@ -179,11 +179,38 @@ class Plan:
     kernels: Kernels.
     train: the training step.
     valid, test: the evaluation calls, or None (benchmark.py trains only).
+    how, why: "estimate" (the rules) or "measure" (ptb/planner.py), and
+      why, for the Plan: line.
   """
   kernels: Kernels
   train: Step
   valid: Optional[Step] = None
   test: Optional[Step] = None
+  how: str = "estimate"
+  why: str = "the rules of ptb/plan.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+  """What a measured plan (ptb/planner.py) sets over the rules (None: keep).
+
+  Attributes:
+    recurrent: the training step's (forward, backward) recurrent products:
+      (KERNELS, KERNELS), or MATMUL and TRANSPOSED, PLAIN or SWAPPED.
+    input_gradients: PLAIN or SWAPPED for every time block of the
+      training step.
+    softmax_input_gradient: PLAIN or SWAPPED in the training step.
+    lstm_products, softmax_products: each part's products' dtype in every
+      step (FLOAT32 where BFLOAT16 was asked but measured slower).
+  """
+  recurrent: Optional[Tuple[str, str]] = None
+  input_gradients: Optional[str] = None
+  softmax_input_gradient: Optional[str] = None
+  lstm_products: Optional[str] = None
+  softmax_products: Optional[str] = None
+
+
+RULES = Choices()
 
 
 def _cpu_flags(cpuinfo):
@@ -335,7 +362,8 @@ def _backward(packed, hidden, batch, steps, cpu, limits):
 
 
 def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
-         training=True, limits=THRESHOLDS, products=FLOAT32, bf16=False):
+         training=True, limits=THRESHOLDS, products=FLOAT32, bf16=False,
+         recurrent=None, input_gradient=None):
   """The LSTM's part of a Step (Lstm).
 
   Args:
@@ -349,6 +377,8 @@ def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
     limits: Thresholds.
     products: the products' dtype (bfloat16.FLOAT32 or BFLOAT16).
     bf16: whether the CPU has VDPBF16PS (Kernels.bf16).
+    recurrent, input_gradient: Choices.recurrent and .input_gradients over
+      the rules (training only).
   """
   if rnn_mode == CUDNN:
     return Lstm((CUDNN_RNN,) * num_layers, None, CUDNN_RNN, CUDNN_RNN, None,
@@ -364,8 +394,13 @@ def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
   backward, input_gradients = None, ()
   if training:
     backward = _backward(packed, hidden, batch, steps, cpu, limits)
+    if recurrent and path != BLOCK_LSTM:
+      forward, backward = recurrent
+      if forward == KERNELS and not (isa and (products == FLOAT32 or bf16)):
+        raise ValueError("no kernels' panels for %s products here" % products)
+      packed = forward == KERNELS
     input_gradients = tuple(
-        _swap(size * batch, hidden * 4 * hidden, cpu, limits)
+        input_gradient or _swap(size * batch, hidden * 4 * hidden, cpu, limits)
         for size in _time_blocks(steps, chunk))
   uses_kernels = packed or cell == FUSED_CELL
   return Lstm((path,) * num_layers, chunk, cell, forward, backward,
@@ -373,7 +408,7 @@ def lstm(rnn_mode, num_layers, hidden, batch, steps, isa=None, cpu=True,
 
 
 def step(config, batch, steps, devices, dtype, kernels, training=True,
-         workers=1, limits=THRESHOLDS, products=FLOAT32):
+         workers=1, limits=THRESHOLDS, products=FLOAT32, choices=RULES):
   """One model's Step: its LSTM, softmax loss and updates.
 
   Args:
@@ -387,22 +422,25 @@ def step(config, batch, steps, devices, dtype, kernels, training=True,
     limits: Thresholds.
     products: the products' dtype (bfloat16.FLOAT32 or BFLOAT16; the
       variables stay `dtype`).
+    choices: Choices over the rules (a measured plan's).
   """
   cpu = not any("GPU" in d.upper() for d in devices)
   isa = kernels.isa if cpu and dtype == tf.float32 else None
   rows = batch * steps
   softmax = Softmax(
       KERNEL if isa else OPS,
-      _swap(rows, config.hidden_size * config.vocab_size, cpu, limits)
-      if training else None, isa, products)
+      (choices.softmax_input_gradient or
+       _swap(rows, config.hidden_size * config.vocab_size, cpu, limits))
+      if training else None, isa, choices.softmax_products or products)
   # The towers' gradients are averaged densely, and a cluster's
   # accumulators take dense tensors: the factors serve one tower alone.
   factored = (training and isa is not None and len(devices) == 1 and
               workers == 1 and rows <= limits.factor_max_rows)
   return Step(batch, steps,
               lstm(config.rnn_mode, config.num_layers, config.hidden_size,
-                   batch, steps, isa, cpu, training, limits, products,
-                   kernels.bf16),
+                   batch, steps, isa, cpu, training, limits,
+                   choices.lstm_products or products, kernels.bf16,
+                   choices.recurrent, choices.input_gradients),
               softmax,
               (FACTORS if factored else DENSE) if training else None,
               isa if factored else None)
@@ -414,7 +452,8 @@ def eval_windows(eval_unroll, num_steps):
 
 
 def make(config, devices, dtype, kernels, workers=1, eval_config=None,
-         eval_unroll=1, limits=THRESHOLDS, products=FLOAT32):
+         eval_unroll=1, limits=THRESHOLDS, products=FLOAT32, choices=RULES,
+         how=("estimate", "the rules of ptb/plan.py")):
   """The run's Plan.
 
   Args:
@@ -430,17 +469,22 @@ def make(config, devices, dtype, kernels, workers=1, eval_config=None,
       choices on fewer steps).
     limits: Thresholds.
     products: the products' dtype: bfloat16.BFLOAT16 with --use_bf16.
+    choices: Choices over the rules; the products' dtypes apply to every
+      step, the rest to the training step.
+    how: (Plan.how, Plan.why).
   """
   train = step(config, config.batch_size, config.num_steps, devices, dtype,
-               kernels, True, workers, limits, products)
+               kernels, True, workers, limits, products, choices)
   if eval_config is None:
-    return Plan(kernels, train)
+    return Plan(kernels, train, how=how[0], why=how[1])
+  dtypes = Choices(lstm_products=choices.lstm_products,
+                   softmax_products=choices.softmax_products)
   evaluations = [
       step(c, c.batch_size,
            c.num_steps * eval_windows(eval_unroll, c.num_steps),
-           devices[:1], dtype, kernels, False, 1, limits, products)
+           devices[:1], dtype, kernels, False, 1, limits, products, dtypes)
       for c in (config, eval_config)]
-  return Plan(kernels, train, *evaluations)
+  return Plan(kernels, train, *evaluations, how=how[0], why=how[1])
 
 
 def _swapped(step_plan):
@@ -464,8 +508,9 @@ def fields(plan):
   kernels (the width or none), lstm (each layer's path), chunk, cell,
   recurrent and backward (the training step's recurrent products),
   recurrent_valid and recurrent_test (where the plan has them), softmax,
-  updates, swapped (the training step's swapped products, or none) and
-  products (their dtype).
+  updates, swapped (the training step's swapped products, or none),
+  products (their dtype, each part's where they differ) and plan (how it
+  was made: estimate or measure).
   """
   train = plan.train
   out = collections.OrderedDict([
@@ -481,7 +526,10 @@ def fields(plan):
   out["softmax"] = train.softmax.loss
   out["updates"] = train.updates
   out["swapped"] = _swapped(train)
-  out["products"] = train.lstm.products
+  lstm_dtype, softmax_dtype = train.lstm.products, train.softmax.products
+  out["products"] = (lstm_dtype if lstm_dtype == softmax_dtype else
+                     "lstm:%s,softmax:%s" % (lstm_dtype, softmax_dtype))
+  out["plan"] = plan.how
   return out
 
 
@@ -489,11 +537,13 @@ def line(plan):
   """The plan in one line for people: "Plan: kernels=avx2 (why) lstm=..."."""
   items = ["%s=%s" % kv for kv in fields(plan).items()]
   items[0] += " (%s)" % plan.kernels.why
+  items[-1] += " (%s)" % plan.why
   return "Plan: " + " ".join(items)
 
 
 def record(plan):
-  """The plan as the summary JSON records it: fields() and the kernels' why."""
+  """The plan as the summary JSON records it: fields() and both whys."""
   out = dict(fields(plan))
   out["kernels_why"] = plan.kernels.why
+  out["plan_why"] = plan.why
   return out

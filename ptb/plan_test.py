@@ -158,9 +158,10 @@ class LineTest(tf.test.TestCase):
         "lstm=wavefront,wavefront chunk=4 cell=ops recurrent=matmul "
         "backward=swapped recurrent_valid=kernels recurrent_test=matmul "
         "softmax=kernel updates=factors swapped=softmax,inputs,recurrent "
-        "products=float32")
+        "products=float32 plan=estimate (the rules of ptb/plan.py)")
     record = plan_lib.record(plan)
     self.assertEqual(record.pop("kernels_why"), "the widest this CPU has")
+    self.assertEqual(record.pop("plan_why"), "the rules of ptb/plan.py")
     self.assertEqual(record, dict(plan_lib.fields(plan)))
     json.dumps(record)  # the summary's field
     alone = plan_lib.make(config, ["/cpu:0"], tf.float32,
@@ -284,17 +285,20 @@ class OfferTest(tf.test.TestCase):
 
 
 def printed_plan(err):
-  """The fields of the plan line on stderr, and the kernels' why."""
+  """The fields of the plan line on stderr, and the kernels' and the
+  plan's whys."""
   (line,) = [l for l in err.splitlines() if l.startswith("Plan: ")]
   why = re.search(r"^Plan: kernels=\S+ \((.*?)\) ", line).group(1)
-  line = line.replace(" (%s)" % why, "", 1)
-  return dict(re.findall(r"(\w+)=(\S+)", line)), why
+  plan_why = re.search(r" plan=\w+ \((.*)\)$", line).group(1)
+  line = line.replace(" (%s)" % why, "", 1).replace(" (%s)" % plan_why, "")
+  return dict(re.findall(r"(\w+)=(\S+)", line)), why, plan_why
 
 
-def assert_recorded(test, recorded, fields, why):
+def assert_recorded(test, recorded, fields, why, plan_why):
   """The summary JSON's plan is the printed one (printed_plan's)."""
   recorded = dict(recorded)
   test.assertEqual(recorded.pop("kernels_why"), why)
+  test.assertEqual(recorded.pop("plan_why"), plan_why)
   test.assertEqual(recorded, fields)
 
 
@@ -382,8 +386,9 @@ class PlanRanTest(tf.test.TestCase):
     cls._tmp.cleanup()
     super().tearDownClass()
 
-  def _run(self, mode, overrides, environ=None):
-    """main's stderr line, its summary's plan, its graph, in this process."""
+  def _run(self, mode, overrides, environ=None, plan_flags=("--plan=estimate",)):
+    """main's stderr line, its summary's plan, its graph, in this process
+    (by the rules unless `plan_flags` say otherwise)."""
     graphs = []
     real_build_models = ptb_word_lm.build_models
 
@@ -399,7 +404,8 @@ class PlanRanTest(tf.test.TestCase):
       _, err, stop = run_in_process(
           ["--data_path=" + self.data, "--model=test", "--num_gpus=0",
            "--rnn_mode=" + mode, "--summary_json=" + summary,
-           "--config_overrides=vocab_size=100," + overrides],
+           "--config_overrides=vocab_size=100," + overrides,
+           *plan_flags],
           run_epoch=lambda *args, **kwargs: 1.0)
     self.assertIsNone(stop, err)
     with open(summary) as f:
@@ -407,8 +413,11 @@ class PlanRanTest(tf.test.TestCase):
     return printed_plan(err), recorded, graphs[0]
 
   def _check(self, mode, overrides, layers, steps, environ=None, want=None):
-    (fields, why), recorded, graph = self._run(mode, overrides, environ)
-    assert_recorded(self, recorded, fields, why)
+    (fields, why, plan_why), recorded, graph = self._run(mode, overrides,
+                                                         environ)
+    assert_recorded(self, recorded, fields, why, plan_why)
+    self.assertEqual((fields["plan"], plan_why),
+                     ("estimate", "the rules of ptb/plan.py"))
     for key, value in (want or {}).items():
       self.assertEqual(fields[key], value, msg=key)
     assert_graph_follows(self, graph, fields, layers, steps)
@@ -418,6 +427,13 @@ class PlanRanTest(tf.test.TestCase):
     # 40 rows: the updates from factors where the kernels run.
     self._check("basic", "num_layers=2", 2, 2,
                 want={"lstm": "wavefront,wavefront", "chunk": "4"})
+
+  def testMainMeasuresByDefaultButNotTinySteps(self):
+    (fields, why, plan_why), recorded, _ = self._run("basic", "num_layers=1",
+                                                     plan_flags=())
+    assert_recorded(self, recorded, fields, why, plan_why)
+    self.assertEqual(fields["plan"], "measure")
+    self.assertIn("too small to time, the rules kept", plan_why)
 
   def testRecurrentKernelsAndTheFusedCellLayerByLayer(self):
     fields = self._check(

@@ -352,7 +352,8 @@ class EpochLog(object):
   scalars.
   """
 
-  def __init__(self, summary, checkpoints, watch, num_steps, workers=1):
+  def __init__(self, summary, checkpoints, watch, num_steps, workers=1,
+               cluster=False):
     """Records epochs; with checkpoints, creates the TensorBoard file.
 
     Args:
@@ -363,7 +364,9 @@ class EpochLog(object):
       num_steps: the training config's num_steps (the scalars' losses are
         per window).
       workers: the processes that train together.
+      cluster: whether they are a cluster's (print_cluster_speed prints).
     """
+    self._cluster = cluster
     self._summary = summary
     self._checkpoints = checkpoints
     self._watch = watch
@@ -377,6 +380,11 @@ class EpochLog(object):
     no call of it in this process)."""
     wps = self._watch.train_wps()
     return None if wps is None else wps * self._workers
+
+  def print_cluster_speed(self, epoch):
+    """In a cluster, the training pass's speed over all its workers."""
+    if self._cluster and self.train_wps() is not None:
+      print("Epoch: %d Cluster speed: %.0f wps" % (epoch, self.train_wps()))
 
   def add(self, session, epoch, learning_rate, train_perplexity,
           valid_perplexity):
