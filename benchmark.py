@@ -101,6 +101,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   plan = planner.make(FLAGS.plan, config, devices,
                       ptb_word_lm.data_type(FLAGS.use_fp16), plan_lib.offered(),
                       products=products)
+  print(plan_lib.line(plan), file=sys.stderr, flush=True)
   with tf.Graph().as_default():
     if FLAGS.seed is not None:
       tf.compat.v1.set_random_seed(FLAGS.seed)
@@ -136,7 +137,7 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "products": products,
-          "plan": dict(plan_lib.fields(plan)),
+          "plan": dict(plan_lib.fields(plan)), "plan_why": plan.why,
           "matmul": onednn.matmul_library(), **parts}, config
 
 

@@ -202,7 +202,8 @@ class InProcessBenchmarkTest(tf.test.TestCase):
     for row, r in zip(rows, self.report["results"]):
       self.assertIn(" recurrent=%s " % want, row)
       self.assertEqual(r["plan"]["recurrent"], want)
-      self.assertEqual(r["plan"]["plan"], "estimate")
+      self.assertEqual((r["plan"]["plan"], r["plan_why"]),
+                       ("estimate", "the rules of ptb/plan.py"))
       self.assertIn(" ".join("%s=%s" % kv for kv in r["plan"].items()), row)
 
 

@@ -75,6 +75,12 @@ class MakeTest(tf.test.TestCase):
         kept = json.load(f)
       self.assertIn("plain", kept["timings"]["softmax_float32"]
                     ["input_gradient"])
+      # On the wavefront (hidden 16) the LSTM's paths are the rules', timed.
+      rules = first.train.lstm
+      self.assertEqual(list(kept["timings"]["lstm_float32"]["recurrent"]),
+                       ["%s/%s" % (rules.forward, rules.backward)])
+      self.assertEqual(kept["choices"]["recurrent"],
+                       [rules.forward, rules.backward])
       real, planner.measure = planner.measure, None  # any timing would fail
       try:
         second = _make(tmp)
@@ -85,6 +91,17 @@ class MakeTest(tf.test.TestCase):
       # Another config is another key: timed afresh.
       _make(tmp, config=_config(hidden_size=24))
       self.assertLen(os.listdir(tmp), 2)
+
+  def testEveryRecurrentPathTimedLayerByLayer(self):
+    # Hidden 1024: the LAYER path, one layer after the other.
+    with tempfile.TemporaryDirectory() as tmp:
+      plan = _make(tmp, config=_config(hidden_size=1024, batch_size=2,
+                                       num_steps=2, vocab_size=20))
+      self.assertEqual(plan.train.lstm.paths, (plan_lib.LAYER,))
+      [name] = os.listdir(tmp)
+      with open(os.path.join(tmp, name)) as f:
+        timed = json.load(f)["timings"]["lstm_float32"]["recurrent"]
+      self.assertEqual(len(timed), 4 if plan_lib.offered().isa else 3)
 
   def testTheWisdomsChoicesAreApplied(self):
     kernels = plan_lib.Kernels("avx512", "test", bf16=True)
