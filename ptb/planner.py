@@ -338,7 +338,10 @@ def make(mode, config, devices, dtype, kernels, workers=1, eval_config=None,
       estimates[bfloat16.FLOAT32] = plan_lib.make(*args)
     choices, timings = measure(config, estimates, kernels)
     seconds = time.perf_counter() - start
-    _write(path, choices, timings, seconds)
-    why = "timed in %.1f s, kept in %s" % (seconds, path)
+    try:
+      _write(path, choices, timings, seconds)
+      why = "timed in %.1f s, kept in %s" % (seconds, path)
+    except OSError as e:  # a read-only cache: this run's choice alone
+      why = "timed in %.1f s, not kept: %s" % (seconds, e)
   return plan_lib.make(*args, products=products, choices=choices,
                        how=("measure", why))

@@ -135,6 +135,13 @@ class MakeTest(tf.test.TestCase):
         f.write("{")
       self.assertIn("timed in", _make(tmp, BFLOAT16, kernels=kernels).why)
 
+  def testAnUnwritableDirectoryKeepsNothingAndSaysSo(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      blocked = os.path.join(tmp, "file")
+      open(blocked, "w").close()  # a file where the directory should be
+      plan = _make(os.path.join(blocked, "wisdom"))
+      self.assertRegex(plan.why, r"^timed in [0-9.]+ s, not kept: ")
+
   def testKernelsRefusedWhereThisDtypeHasNoPanels(self):
     with self.assertRaisesRegex(ValueError, "no kernels' panels"):
       plan_lib.lstm("basic", 1, 16, 8, 8, isa="avx512", products=BFLOAT16,
