@@ -475,14 +475,13 @@ void RoundRow(const float* src, int64_t n, uint16_t* dst) {
 
 // PairRow with VCVTNE2PS2BF16, which rounds 16 even and 16 odd floats into
 // one vector (the even ones in its low half); a permutation of its 16-bit
-// halves then puts each even one beside its odd one.
+// halves (kInterleave: even j, then odd j) puts each beside the other.
+alignas(64) constexpr uint16_t kInterleave[2 * kLanes] = {
+    0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
 void PairRow(const float* even, const float* odd, int64_t n, uint32_t* dst) {
-  alignas(64) uint16_t order[2 * kLanes];
-  for (int j = 0; j < kLanes; ++j) {
-    order[2 * j] = static_cast<uint16_t>(j);
-    order[2 * j + 1] = static_cast<uint16_t>(kLanes + j);
-  }
-  const __m512i interleave = _mm512_load_si512(order);
+  const __m512i interleave = _mm512_load_si512(kInterleave);
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(

@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from ptb import bfloat16
 from ptb import kernels as kernels_lib
 from ptb import plan as plan_lib
 from ptb import recurrent_product
+from ptb import roofline as roofline_lib
 from ptb import transposed_product
 
 MODES = ("measure", "estimate")
@@ -59,17 +59,9 @@ _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 def _cpu_model(cpuinfo=plan_lib.CPUINFO):
   """The CPU's model name and the flags that choose paths, for the key."""
-  name = platform.processor()
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        if line.startswith("model name"):
-          name = line.split(":", 1)[1].strip()
-          break
-  except OSError:
-    pass
   flags = plan_lib._cpu_flags(cpuinfo)  # pylint: disable=protected-access
-  return name, sorted(f for f in _CPU_FLAGS if f in flags)
+  return (roofline_lib.cpu_model(cpuinfo),
+          sorted(f for f in _CPU_FLAGS if f in flags))
 
 
 def wisdom_key(config, estimate, dtype, devices, workers):
@@ -89,10 +81,9 @@ def wisdom_key(config, estimate, dtype, devices, workers):
 
 
 def step_flops(config):
-  """The products' FLOPs of one training step of one tower (6 N K M)."""
-  rows, h = config.batch_size * config.num_steps, config.hidden_size
-  lstm = config.num_layers * 3 * 2 * rows * (2 * h) * (4 * h)
-  return lstm + 3 * 2 * rows * h * config.vocab_size
+  """The products' FLOPs of one training step of one tower."""
+  return (roofline_lib.train_flops_per_word(config) * config.batch_size *
+          config.num_steps)
 
 
 def _median_seconds(build, repeats):
