@@ -384,7 +384,8 @@ class ProfileTest(tf.test.TestCase):
       out = run_benchmark([
           "--data_path=" + tmp, "--model=test", "--num_gpus=0", "--steps=2",
           "--warmup=1", "--profile=" + png, "--output_json=" + out_json,
-          "--config_overrides=vocab_size=100,hidden_size=512,num_steps=20",
+          "--config_overrides=vocab_size=100,hidden_size=512,num_steps=20,"
+          "batch_size=64",
           "--plan=estimate"])
       lines = [l for l in out.splitlines() if l.startswith("profile: ")]
       self.assertLen(lines, 1)

@@ -50,7 +50,8 @@ def _result(product, dtype_name):
   return tf.cast(product, tf.float32) if dtype_name == BFLOAT16 else product
 
 
-def matmul(a, b, dtype_name, transpose_a=False, transpose_b=False):
+def matmul(a, b, dtype_name, transpose_a=False, transpose_b=False,
+           isa=None):
   """a @ b in the products' dtype; float32 out for BFLOAT16.
 
   Args:
@@ -58,10 +59,19 @@ def matmul(a, b, dtype_name, transpose_a=False, transpose_b=False):
     b: `[K, N]` (`[N, K]` with transpose_b).
     dtype_name: FLOAT32 (tf.matmul as it is) or BFLOAT16.
     transpose_a, transpose_b: as tf.matmul's.
+    isa: the kernels' width where the plan runs them, else None. With
+      BFLOAT16, transpose_a and the kernels, a float32 `a` is transposed
+      and rounded in one pass by their TransposeBf16, and oneDNN reads it
+      plain: its bfloat16 GEMM re-lays a transposed operand in every call,
+      more slowly (a weight gradient `x^T @ g`, K = batch x steps), and
+      grappler folds a tf.transpose back into transpose_a.
 
   Returns:
     `[M, N]`.
   """
+  if (dtype_name == BFLOAT16 and transpose_a and isa is not None and
+      a.dtype == tf.float32):
+    a, transpose_a = kernels.load().transpose_bf16(a), False
   return _result(tf.matmul(operand(a, dtype_name), operand(b, dtype_name),
                            transpose_a=transpose_a, transpose_b=transpose_b),
                  dtype_name)

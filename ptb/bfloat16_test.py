@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from ptb import bfloat16
+from ptb import kernels_test
 from ptb import lstm
 from ptb import plan as plan_lib
 from ptb import testing
@@ -54,6 +55,29 @@ class ProductsTest(tf.test.TestCase):
     self.assertAllClose(got, want, rtol=2 ** -7, atol=1e-3)
     # Not float32's product: the operands were rounded.
     self.assertGreater(np.abs(got - a @ b.T).max(), 1e-3)
+
+  def testWeightGradientTransposedFirstByTheKernels(self):
+    library = kernels_test.library_or_skip(self)
+    del library
+    rng = np.random.RandomState(2)
+    # Small integers: bfloat16 holds them, and every sum of their products
+    # is exact in any order, so both paths give the same bits.
+    x = rng.randint(-4, 5, (30, 21)).astype(np.float32)      # [M, K]
+    g = rng.randint(-4, 5, (30, 13)).astype(np.float32)      # [M, N]
+    plain = bfloat16.matmul(x, g, BFLOAT16, transpose_a=True)
+    first = tf.function(lambda: bfloat16.matmul(
+        x, g, BFLOAT16, transpose_a=True, isa="avx512"))
+    self.assertAllEqual(self.evaluate(first()), x.T @ g)
+    self.assertAllEqual(self.evaluate(plain), x.T @ g)
+    ops = {op.type for op in first.get_concrete_function().graph
+           .get_operations()}
+    self.assertIn("TransposeBf16", ops)
+    # float32 products, or no kernels: tf.matmul's transpose_a as it is.
+    for dtype_name, isa in ((FLOAT32, "avx512"), (BFLOAT16, None)):
+      graph = tf.function(lambda d=dtype_name, i=isa: bfloat16.matmul(
+          x, g, d, transpose_a=True, isa=i)).get_concrete_function().graph
+      self.assertNotIn("TransposeBf16",
+                       {op.type for op in graph.get_operations()})
 
   def testFloat32ProductsAreTensorFlowsOwn(self):
     rng = np.random.RandomState(1)

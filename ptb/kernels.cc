@@ -1045,6 +1045,72 @@ class PackPanelsBf16Op : public PackOp {
 REGISTER_KERNEL_BUILDER(Name("PackPanelsBf16").Device(DEVICE_CPU),
                         PackPanelsBf16Op);
 
+REGISTER_OP("TransposeBf16")
+    .Input("a: float")
+    .Attr("unit: {'auto', 'avx512_bf16', 'scalar'} = 'auto'")
+    .Output("t: bfloat16")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle a;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
+      c->set_output(0, c->Matrix(c->Dim(a, 1), c->Dim(a, 0)));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+t [K, M] = a [M, K] transposed and rounded to bfloat16 as PackPanelsBf16
+rounds (to nearest even, a denormal to zero), in one pass. A weight
+gradient's left operand, so that the GEMM reads it plain. unit: who
+rounds, as in PanelMatMulBf16 (the same bits either way).
+)doc");
+
+class TransposeBf16Op : public OpKernel {
+ public:
+  explicit TransposeBf16Op(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    bool vector = false;
+    OP_REQUIRES_OK(ctx, VectorBf16Unit(ctx, "TransposeBf16", &vector));
+    round_ = vector ? &bf16_avx512::RoundRow : &ScalarRoundRow;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& a = ctx->input(0);
+    OP_REQUIRES(ctx, a.dims() == 2,
+                errors::InvalidArgument("TransposeBf16: a must be a matrix, "
+                                        "not of shape ", a.shape().DebugString()));
+    const int64_t M = a.dim_size(0), K = a.dim_size(1);
+    Tensor* t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({K, M}), &t));
+    const float* src = a.flat<float>().data();
+    uint16_t* dst = reinterpret_cast<uint16_t*>(t->flat<bfloat16>().data());
+    const RoundRowFn round = round_;
+    // Tiles of kTile x kTile: each of a's rows rounded into the tile in
+    // order (contiguous reads), then the tile written a column at a time
+    // (contiguous writes of t's rows); the tile stays in the L1 cache.
+    constexpr int64_t kTile = 64;
+    const int64_t tiles_k = (K + kTile - 1) / kTile;
+    Parallel(ctx, tiles_k, 6 * kTile * M, [&](int64_t t0, int64_t t1) {
+      uint16_t tile[kTile][kTile];
+      for (int64_t tk = t0; tk < t1; ++tk) {
+        const int64_t k0 = tk * kTile, kn = std::min(kTile, K - k0);
+        for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+          const int64_t mn = std::min(kTile, M - m0);
+          for (int64_t i = 0; i < mn; ++i) {
+            round(src + (m0 + i) * K + k0, kn, tile[i]);
+          }
+          for (int64_t j = 0; j < kn; ++j) {
+            uint16_t* row = dst + (k0 + j) * M + m0;
+            for (int64_t i = 0; i < mn; ++i) row[i] = tile[i][j];
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  RoundRowFn round_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("TransposeBf16").Device(DEVICE_CPU),
+                        TransposeBf16Op);
+
 REGISTER_OP("PanelMatMulBf16")
     .Input("a: float")
     .Input("panels: int32")

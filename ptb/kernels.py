@@ -35,7 +35,8 @@ says which units /proc/cpuinfo lists, without loading the library.
 PackPanelsBf16 and PanelMatMulBf16 are PackPanels and PanelMatMul for
 bfloat16 products: panels of bfloat16 pairs along K, multiplied with
 VDPBF16PS (unit avx512_bf16) or the same arithmetic in scalar code
-(unit scalar, on any CPU).
+(unit scalar, on any CPU). TransposeBf16 transposes a weight gradient's
+left operand and rounds it in one pass, for oneDNN's bfloat16 GEMM.
 
 The kernels are written once over the vector width and compiled for two:
 AVX-512 (tiles of 10 rows x 32 columns) and AVX2 with FMA (3 rows x 32

@@ -39,7 +39,7 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
 _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
         "bf16_peak", "apply_outer_product", "stream_triad", "lstm_cell",
-        "pack_panels_bf16", "panel_mat_mul_bf16")
+        "pack_panels_bf16", "panel_mat_mul_bf16", "transpose_bf16")
 _NO_BF16 = "no CPU with AVX512_BF16/AMX here"
 _read_flags = plan_lib._cpu_flags   # pylint: disable=protected-access
 _module = {}
@@ -307,6 +307,21 @@ class PanelMatMulBf16Test(tf.test.TestCase):
             got = self.evaluate(library.panel_mat_mul_bf16(a, panels, x,
                                                            unit=unit))
             self.assertAllEqual(got.view(np.uint32), want.view(np.uint32))
+
+  def testTransposeRoundsAsThePanelsOnOddShapes(self):
+    library = library_or_skip(self)
+    rng = np.random.RandomState(2)
+    # Under, at and over the op's 64 x 64 tiles and its vectors of 16.
+    for m, k in ((1, 1), (3, 17), (64, 64), (65, 130), (130, 63)):
+      a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+      a.flat[:3] = (1e-40, np.nan, 1.0 + 2**-8)  # a denormal, a NaN, a tie
+      for unit in self._units():
+        with self.subTest(shape=(m, k), unit=unit):
+          got = self.evaluate(library.transpose_bf16(a, unit=unit))
+          self.assertEqual(got.dtype, tf.bfloat16.as_numpy_dtype)
+          self.assertAllEqual(got.view(np.uint16), bf16_bits(a.T))
+    with self.assertRaisesRegex(Exception, "must be a matrix|rank 2"):
+      self.evaluate(library.transpose_bf16(np.ones(3, np.float32)))
 
   def testTheVectorUnitSkipsWhereTheCpuLacksIt(self):
     library = library_or_skip(self)

@@ -198,7 +198,8 @@ def backward(plan, x, kernel, bias, acts, d_outputs, d_c, d_h):
   xh = tf.concat([wavefront.join_time(blocks), tf.stack(acts["h_prev"])],
                  2)                                           # [T, B, I+H]
   flat_xh = tf.reshape(xh, [-1, input_size + hidden])
-  d_kernel = bfloat16.matmul(flat_xh, flat_g, plan.products, transpose_a=True)
+  d_kernel = bfloat16.matmul(flat_xh, flat_g, plan.products, transpose_a=True,
+                              isa=plan.isa)
   d_bias = tf.reduce_sum(flat_g, 0)
   return d_x, d_c, d_h, d_kernel, d_bias, (flat_xh, flat_g)
 

@@ -143,13 +143,13 @@ def transposed(rows, inner, cols, swapped, products):
   return build
 
 
-def product(rows, inner, cols, products, transpose_a=False):
+def product(rows, inner, cols, products, transpose_a=False, isa=None):
   """A builder: [rows, inner] @ [inner, cols] (a given as [inner, rows]
   with transpose_a), as bfloat16.matmul runs it."""
   def build():
     a = _weight([inner, rows] if transpose_a else [rows, inner])
     return _sum([bfloat16.matmul(a, _weight([inner, cols]), products,
-                                 transpose_a=transpose_a)])
+                                 transpose_a=transpose_a, isa=isa)])
   return build
 
 
@@ -206,7 +206,8 @@ def _lstm_part(config, lstm_plan, kernels, dtype_name, repeats, timings,
     total += (
         _median_seconds(product(b * steps, h, 4 * h, dtype_name), repeats) +
         _median_seconds(product(2 * h, b * steps, 4 * h, dtype_name,
-                                transpose_a=True), repeats))
+                                transpose_a=True, isa=lstm_plan.isa),
+                        repeats))
   timings["lstm_" + dtype_name] = {
       "recurrent": {"%s/%s" % k: v for k, v in time_of.items()},
       "input_gradient": grads, "layer": total}
@@ -227,7 +228,8 @@ def _softmax_part(config, softmax_plan, dtype_name, repeats, timings,
   if compare:
     total += (_median_seconds(product(rows, h, v, dtype_name), repeats) +
               _median_seconds(product(h + 1, rows, v, dtype_name,
-                                      transpose_a=True), repeats))
+                                      transpose_a=True,
+                                      isa=softmax_plan.isa), repeats))
   timings["softmax_" + dtype_name] = {"input_gradient": grads,
                                       "layer": total}
   return choice, total

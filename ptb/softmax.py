@@ -134,7 +134,7 @@ def _softmax_grads(plan, inputs, weight, d_logits, d_loss, softmax_w,
       plan.input_gradient == plan_lib.SWAPPED, plan.products) * scale
   scaled = tf.concat([inputs, tf.ones_like(scale)], 1) * scale  # [N, H+1]
   d_wb = bfloat16.matmul(scaled, d_product, plan.products,
-                         transpose_a=True)                      # [H+1, V]
+                         transpose_a=True, isa=plan.isa)        # [H+1, V]
   d_w, d_b = tf.split(d_wb, [inputs.shape[1], 1])
   # Where the plan updates them from their factors, nothing reads d_wb,
   # and it is never formed.
