@@ -18,7 +18,8 @@ original's names in its --save_path, which its Supervisor restores; the
 port reads the same checkpoint (--init_from). Given a --save_path, the
 original's Supervisor also took a window of its training and validation
 inputs at the start and every 120 s (ptb/summary_thread.py); the port
-skips windows as it did (--original_summary_secs=120). With dropout off
+skips the windows it took, read from its event files
+(--original_summary_calls). With dropout off
 (keep_prob=1) the two compute the same function and the same updates, so
 their lines differ only by the order of float sums; with dropout on, their
 random draws differ.
@@ -36,9 +37,11 @@ from ptb import data as data_lib
 from ptb import errors
 from ptb import original_checkpoint
 from ptb import original_run
+from ptb import summary_thread
 from ptb.errors import UserError
 import ptb_word_lm  # its configs, and its flags --model, --data_path, --seed,
 # --config_overrides, which this script reads as it reads them.
+import reader
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 flags.DEFINE_string("original", None,
@@ -113,6 +116,14 @@ def edits(config, fields, epochs):
           if name in values and values[name] != fields[name]}
 
 
+def epoch_calls(data_path, config):
+  """Session calls of a training and of a validation pass (one window a
+  call, as both programs make them here)."""
+  train, valid, _, _ = reader.ptb_raw_data(data_path)
+  return tuple((len(words) // config.batch_size - 1) // config.num_steps
+               for words in (train, valid))
+
+
 def table(original, port):
   """The comparison's rows: every line both printed, in the order printed."""
   def order(key):
@@ -179,16 +190,21 @@ def main(_):
     print("The original's %s, edited in place:" %
           original_run.CLASSES[FLAGS.model])
     print(diff or "(unchanged)")
+    line_times = {}
     original, original_seconds = curves.run("the original", original_run.command(
         python, os.path.join(work, "code"), data_path, FLAGS.model,
-        save_path), FLAGS.fraction, echo=True)
+        save_path), FLAGS.fraction, echo=True, line_times=line_times)
+    takes = summary_thread.calls_of_takes(
+        summary_thread.takes_in_events(save_path),
+        *epoch_calls(data_path, config), line_times)
     overrides = ",".join(filter(None, [FLAGS.config_overrides,
                                        "max_max_epoch=%d" % epochs]))
     port, port_seconds = curves.run("ptb_word_lm.py", [
         sys.executable, _SCRIPT, "--data_path=" + data_path,
         "--model=" + FLAGS.model, "--num_gpus=0", "--rnn_mode=BASIC",
         "--train_from_zero_state", "--seed=%d" % seed, "--init_from=" + ckpt,
-        "--original_summary_secs=120", "--eval_unroll=1",
+        "--original_summary_calls=" + ",".join(map(str, takes)),
+        "--eval_unroll=1",
         "--config_overrides=" + overrides], FLAGS.fraction, echo=True)
   print("%s, %s, from the same weights (seed %d):" % (
       FLAGS.model, "%d epochs" % epochs if FLAGS.epochs else

@@ -294,8 +294,7 @@ class PTBModel(object):
     if is_training:
       with tf.device(util.variable_device(devices)):
         self._train_op = util.train_op(tower_grads, variables, self._lr,
-                                       config.max_grad_norm, replica,
-                                       plan.isa)
+                                       config.max_grad_norm, replica, plan.isa)
     self.update_state, self.reset_state = state_lib.store_and_reset(
         self._states, [self._train_op if is_training else self._cost],
         carry_state)
@@ -461,8 +460,9 @@ def main(_):
       data_type(FLAGS.use_fp16))
   eval_config = copy.copy(config)
   eval_config.batch_size = eval_config.num_steps = 1
-  summary_thread.check(FLAGS.original_summary_secs, plan_lib.eval_windows(
-      FLAGS.eval_unroll, config.num_steps))
+  take_calls = summary_thread.check(
+      FLAGS.original_summary_secs, plan_lib.eval_windows(
+          FLAGS.eval_unroll, config.num_steps), FLAGS.original_summary_calls)
   replica = training.replica(cluster)  # (this worker, workers)
   data = reader.load_data(
       data_lib.resolve(FLAGS.data_path), config.vocab_size,
@@ -496,8 +496,8 @@ def main(_):
           FLAGS.save_path, m, resume, summary, record, cluster,
           FLAGS.cluster_timeout, init_from)
       done = cluster_lib.done_ops(cluster) if cluster else []
-      window_taker = summary_thread.WindowTaker(FLAGS.original_summary_secs,
-                                                [m.input, mvalid.input])
+      window_taker = summary_thread.WindowTaker(
+          FLAGS.original_summary_secs, [m.input, mvalid.input], take_calls)
     with training.open_session(
         graph, devices, FLAGS.intra_op_threads, FLAGS.inter_op_threads,
         cluster, FLAGS.cluster_timeout) as session, SignalCatcher() as signals:

@@ -17,7 +17,7 @@ EPOCH = re.compile(r"^Epoch: (\d+) (Train|Valid) Perplexity: (\S+)$")
 TEST = re.compile(r"^Test Perplexity: (\S+)$")
 
 
-def run(name, command, fraction, env=None, echo=False):
+def run(name, command, fraction, env=None, echo=False, line_times=None):
   """Runs `command`; returns its lines' values and the seconds it took.
 
   Args:
@@ -27,6 +27,8 @@ def run(name, command, fraction, env=None, echo=False):
       or past this fraction; 0 lets it run to its end.
     env: its environment, or None for this one's.
     echo: copy its stdout to stderr as it comes (a long run shows life).
+    line_times: None, or a dict to fill with {("train" | "valid", epoch):
+      the wall time its epoch line came}.
 
   Returns:
     ({key: value}, seconds). Keys: ("train"|"valid", epoch) and ("test",)
@@ -48,8 +50,10 @@ def run(name, command, fraction, env=None, echo=False):
     match = EPOCH.match(line)
     if match:
       epoch = int(match.group(1)) + (match.group(2) == "Valid")
-      found[(match.group(2).lower(), int(match.group(1)))] = float(
-          match.group(3))
+      key = (match.group(2).lower(), int(match.group(1)))
+      found[key] = float(match.group(3))
+      if line_times is not None:
+        line_times[key] = time.time()
     match = TEST.match(line)
     if match:
       found[("test",)] = float(match.group(1))

@@ -46,6 +46,12 @@ flags.DEFINE_float(
     "the start and every this many seconds, as the original's Supervisor "
     "did when given --save_path (120 s; ptb/summary_thread.py); 0: off. "
     "Needs --eval_unroll=1.")
+flags.DEFINE_list(
+    "original_summary_calls", None,
+    "Instead of --original_summary_secs: take those windows after these "
+    "many session calls of the run (0: before the first; a count listed "
+    "twice takes twice), where the original's own run took them "
+    "(compare_original.py reads them from its event files).")
 flags.DEFINE_bool(
     "use_bf16", False,
     "Run the matrix products in bfloat16 (float32 accumulation; weights, "
