@@ -3,12 +3,14 @@
 import functools
 import gzip
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 
 import tensorflow as tf
 
+from ptb import curves
 from ptb import testing
 
 SCRIPT = os.path.join(testing.HERE, "compare_curves.py")
@@ -39,6 +41,36 @@ def compare(tmp, *args):
       [sys.executable, SCRIPT, "--data_path=" + data, "--model=test",
        "--peer=" + peer, "--peer_python=" + sys.executable] + list(args),
       capture_output=True, text=True, timeout=600, cwd=tmp)
+
+
+# A program that prints a progress line, then waits; on SIGINT it writes
+# the file named by its argument (as the original's Supervisor closes its
+# event files) and exits.
+INTERRUPTED = '''
+import signal, sys, time
+def done(*_):
+  open(sys.argv[1], "w").write("closed")
+  sys.exit(1)
+signal.signal(signal.SIGINT, done)
+print("Epoch: 1 Learning rate: 1.000")
+print("0.004 perplexity: 4952.398 speed: 2662 wps", flush=True)
+time.sleep(60)
+'''
+
+
+class CurvesRunTest(tf.test.TestCase):
+
+  def testStopsAtTheFractionWithTheSignalGiven(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      program, closed = (os.path.join(tmp, n) for n in ("p.py", "closed"))
+      with open(program, "w") as f:
+        f.write(INTERRUPTED)
+      found, seconds = curves.run("p", [sys.executable, program, closed],
+                                  0.001, stop=signal.SIGINT)
+      self.assertEqual(found[("progress", "0.004")], 4952.398)
+      self.assertLess(seconds, 30)
+      with open(closed) as f:
+        self.assertEqual(f.read(), "closed")
 
 
 class CompareCurvesTest(tf.test.TestCase):

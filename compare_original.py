@@ -26,6 +26,7 @@ random draws differ.
 """
 
 import os
+import signal
 import sys
 import tempfile
 
@@ -193,10 +194,14 @@ def main(_):
     line_times = {}
     original, original_seconds = curves.run("the original", original_run.command(
         python, os.path.join(work, "code"), data_path, FLAGS.model,
-        save_path), FLAGS.fraction, echo=True, line_times=line_times)
+        save_path), FLAGS.fraction, echo=True, line_times=line_times,
+        stop=signal.SIGINT)
+    steps = summary_thread.takes_in_events(save_path)
     takes = summary_thread.calls_of_takes(
-        summary_thread.takes_in_events(save_path),
-        *epoch_calls(data_path, config), line_times)
+        steps, *epoch_calls(data_path, config), line_times)
+    print("The original's summary thread took windows at its global steps "
+          "%s; the port takes after its calls %s." % (
+              ",".join(str(s) for s, _ in steps), ",".join(map(str, takes))))
     overrides = ",".join(filter(None, [FLAGS.config_overrides,
                                        "max_max_epoch=%d" % epochs]))
     port, port_seconds = curves.run("ptb_word_lm.py", [

@@ -6,6 +6,7 @@ Train Perplexity: ...`, `Test Perplexity: ...`) and set them side by side.
 """
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +18,8 @@ EPOCH = re.compile(r"^Epoch: (\d+) (Train|Valid) Perplexity: (\S+)$")
 TEST = re.compile(r"^Test Perplexity: (\S+)$")
 
 
-def run(name, command, fraction, env=None, echo=False, line_times=None):
+def run(name, command, fraction, env=None, echo=False, line_times=None,
+        stop=signal.SIGTERM):
   """Runs `command`; returns its lines' values and the seconds it took.
 
   Args:
@@ -29,6 +31,9 @@ def run(name, command, fraction, env=None, echo=False, line_times=None):
     echo: copy its stdout to stderr as it comes (a long run shows life).
     line_times: None, or a dict to fill with {("train" | "valid", epoch):
       the wall time its epoch line came}.
+    stop: the signal that stops it at `fraction` (SIGINT lets the
+      original's Supervisor close its event files; it gets a minute, then
+      SIGKILL).
 
   Returns:
     ({key: value}, seconds). Keys: ("train"|"valid", epoch) and ("test",)
@@ -62,10 +67,19 @@ def run(name, command, fraction, env=None, echo=False, line_times=None):
       found[("progress", match.group(1))] = float(match.group(2))
       found[("speed", match.group(1))] = float(match.group(3))
       if fraction and float(match.group(1)) >= fraction:
-        proc.terminate()
+        print("Stopping %s at %s of epoch 1 (%s)" % (
+            name, match.group(1), signal.Signals(stop).name),
+              file=sys.stderr, flush=True)
+        proc.send_signal(stop)
         stopped = True
         break
-  code = proc.wait()
+  if stopped:
+    proc.stdout.close()
+  try:
+    code = proc.wait(timeout=60 if stopped else None)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    code = proc.wait()
   # A run stopped here ends with a status of its own; one that stopped by
   # itself and failed (a bad --model, say) ends the comparison.
   if code != 0 and not stopped:
