@@ -11,6 +11,7 @@ elsewhere they skip, saying which is missing.
 import glob
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -19,6 +20,7 @@ import tensorflow as tf
 
 import compare_original
 from ptb import errors
+from ptb import kernels_test
 from ptb import original_run
 from ptb import testing
 
@@ -195,6 +197,54 @@ class AgainstTheOriginalTest(tf.test.TestCase):
       got = re.search(r"^%s Perplexity: (\S+)$" % name, out, re.M)
       self.assertIsNotNone(got, out)
       self.assertAllClose(float(got.group(1)), found[key], rtol=1e-5)
+
+
+# Prints TensorFlow 1.5.1's l2_loss and reduce_sum of the vectors in the
+# .npz file argv[1], as float32 bits, one pair a line.
+_TF15_SUMS = """
+import sys, numpy as np, tensorflow as tf
+xs = np.load(sys.argv[1])
+with tf.Session(config=tf.ConfigProto(intra_op_parallelism_threads=2)) as s:
+  for k in sorted(xs.files, key=lambda k: int(k[4:])):
+    a, b = s.run([tf.nn.l2_loss(xs[k]), tf.reduce_sum(xs[k])])
+    print(np.float32(a).view(np.uint32), np.float32(b).view(np.uint32))
+"""
+
+
+class SumAsTf15Test(tf.test.TestCase):
+  """The kernels' SumAsTf15 against TensorFlow 1.5.1's own sums."""
+
+  def testEqualsTheOriginalsL2LossAndReduceSumBitForBit(self):
+    why = _why_no_original()
+    if why:
+      self.skipTest(why)
+    library = kernels_test.library_or_skip(self)
+    rng = np.random.RandomState(3)
+    # Under, at and over a lane's 8 and the 2 threads' 96,000 (l2_loss)
+    # and 108,388 (reduce_sum) values; small's softmax_w: 2,000,000.
+    sizes = (1, 7, 8, 9, 800, 10000, 80000, 95999, 96000, 108387, 108388,
+             320000, 2000000)
+    xs = [rng.uniform(-1, 1, n).astype(np.float32) * 0.1 for n in sizes]
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "x.npz")
+      np.savez(path, *xs)
+      script = os.path.join(tmp, "sums.py")
+      with open(script, "w") as f:
+        f.write(_TF15_SUMS)
+      out = subprocess.run(
+          [original_run.venv_python(ORIGINAL_VENV), script, path],
+          capture_output=True, text=True, check=True).stdout
+    want = [tuple(map(int, line.split())) for line in out.splitlines()]
+    for n, x, (l2, total) in zip(sizes, xs, want):
+      with self.subTest(size=n):
+        got = [self.evaluate(library.sum_as_tf15(x, squares=s, threads=2))
+               for s in (True, False)]
+        self.assertEqual(tuple(np.float32(g).view(np.uint32) for g in got),
+                         (l2, total))
+    # Not TensorFlow 2's sums, which are exact to about 1e-7 here.
+    exact = 0.5 * np.sum(xs[-1].astype(np.float64) ** 2)
+    self.assertGreater(abs(float(self.evaluate(library.sum_as_tf15(
+        xs[-1], squares=True, threads=2))) - exact) / exact, 1e-6)
 
 
 if __name__ == "__main__":

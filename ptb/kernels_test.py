@@ -39,7 +39,8 @@ _NO_VECTORS = ("the CPU has neither AVX-512 nor AVX2 with FMA, one of which "
 _NO_COMPILER = "no C++ compiler to build the kernels with"
 _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
         "bf16_peak", "apply_outer_product", "stream_triad", "lstm_cell",
-        "pack_panels_bf16", "panel_mat_mul_bf16", "transpose_bf16")
+        "pack_panels_bf16", "panel_mat_mul_bf16", "transpose_bf16",
+        "sum_as_tf15")
 _NO_BF16 = "no CPU with AVX512_BF16/AMX here"
 _read_flags = plan_lib._cpu_flags   # pylint: disable=protected-access
 _module = {}
