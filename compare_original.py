@@ -21,8 +21,10 @@ inputs at the start and every 120 s (ptb/summary_thread.py); the port
 skips the windows it took, read from its event files
 (--original_summary_calls). With dropout off
 (keep_prob=1) the two compute the same function and the same updates, so
-their lines differ only by the order of float sums; with dropout on, their
-random draws differ.
+their lines differ only by rounding: the order of float sums, and
+TensorFlow 1.5.1's float32 sum of the gradient's norm, up to 2e-4 low,
+which at learning rate 1.0 parts them further (docs/original.md); with
+dropout on, their random draws differ.
 """
 
 import os

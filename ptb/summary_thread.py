@@ -54,9 +54,10 @@ def check(every_secs, validation_windows_per_call, at_calls=()):
                     "many seconds) and --original_summary_calls (takes at "
                     "those calls)", exit_code=2)
   if (every_secs or calls) and validation_windows_per_call > 1:
-    raise UserError("--original_summary_secs skips single windows: give "
+    raise UserError("--original_summary_%s skips single windows: give "
                     "--eval_unroll=1 (validation then takes one window a "
-                    "call, as the original did)", exit_code=2)
+                    "call, as the original did)" % (
+                        "secs" if every_secs else "calls"), exit_code=2)
   return calls
 
 
