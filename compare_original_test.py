@@ -19,8 +19,10 @@ import numpy as np
 import tensorflow as tf
 
 import compare_original
+import ptb_word_lm_testing
 from ptb import errors
 from ptb import kernels_test
+from ptb import original_checkpoint
 from ptb import original_run
 from ptb import testing
 
@@ -171,6 +173,42 @@ class AgainstTheOriginalTest(tf.test.TestCase):
       self.assertAllClose(float(port), float(original), rtol=1e-4, atol=0,
                           msg=label)
 
+  def testEachTrainingStepFromTheSameWeightsIsTheSame(self):
+    """One step at a time, so that no difference can grow: each step's
+    update, the gradients through the clipping, in both programs."""
+    with tempfile.TemporaryDirectory() as tmp:
+      data = testing.make_corpus(tmp, num_words=40, train_lines=400)
+      fields = dict(num_layers=2, hidden_size=16, num_steps=6,
+                    batch_size=4, learning_rate=1.0, vocab_size=50)
+      code = os.path.join(tmp, "code")
+      original_run.write_copy(ORIGINAL_DIR, code, "test", fields)
+      script = os.path.join(tmp, "step.py")
+      with open(script, "w") as f:
+        f.write(_ORIGINAL_STEP)
+      config = compare_original.port_config("test", ",".join(
+          "%s=%s" % kv for kv in fields.items()))
+      weights = original_checkpoint.initial_values(config, 1)
+      train = compare_original.reader.ptb_raw_data(data)[0]
+      rows = np.array(train[:len(train) // 4 * 4], np.int32).reshape(4, -1)
+      for step in range(3):
+        before = os.path.join(tmp, "w%d" % step)
+        original_checkpoint.write(before, weights)
+        after = os.path.join(tmp, "w%d-original" % step)
+        subprocess.run([original_run.venv_python(ORIGINAL_VENV), script,
+                        code, before, data, str(step), "1.0", after],
+                       check=True, capture_output=True)
+        original = original_checkpoint.read(after)
+        port = _port_step(config, rows[:, step * 6:step * 6 + 7], weights)
+        for name, w in weights.items():
+          with self.subTest(step=step, weight=name):
+            update = np.abs(original[name] - w).max()
+            self.assertGreater(update, 0)
+            # To rounding: of the update's sums, and of w + update.
+            self.assertLessEqual(
+                np.abs(port[name] - original[name]).max(),
+                1e-5 * update + 2 * np.spacing(np.abs(w).max()))
+        weights = original
+
   def testTheOriginalsCheckpointEvaluatesInThePort(self):
     with tempfile.TemporaryDirectory() as tmp:
       data = _corpus(tmp)
@@ -197,6 +235,54 @@ class AgainstTheOriginalTest(tf.test.TestCase):
       got = re.search(r"^%s Perplexity: (\S+)$" % name, out, re.M)
       self.assertIsNotNone(got, out)
       self.assertAllClose(float(got.group(1)), found[key], rtol=1e-5)
+
+
+def _port_step(config, rows, weights):
+  """The port's weights after one training step on `rows` [batch, steps +
+  1] from `weights` ({port name: array}), at learning rate 1.0."""
+  with tf.Graph().as_default():
+    model = ptb_word_lm_testing.build_tiny_model(config, rows, "basic")
+    variables = {v.op.name: v for v in tf.compat.v1.trainable_variables()}
+    with tf.compat.v1.Session() as session:
+      session.run([tf.compat.v1.global_variables_initializer(),
+                   tf.compat.v1.local_variables_initializer()])
+      for name, variable in variables.items():
+        variable.load(weights[name], session)
+      model.assign_lr(session, 1.0)
+      session.run(model.train_op)
+      return {name: session.run(v) for name, v in variables.items()}
+
+
+# One training step of the original's own PTBModel (its code from argv[1],
+# config class edited there), on window argv[4] of the training file of
+# argv[3], from the checkpoint argv[2], at learning rate argv[5]; saves the
+# weights to argv[6].
+_ORIGINAL_STEP = """
+import sys
+code, ckpt, data_path, window, lr, out = sys.argv[1:7]
+sys.path.insert(0, code)
+sys.argv = [sys.argv[0], "--model=test", "--num_gpus=0"]
+import numpy as np, tensorflow as tf
+import ptb_word_lm, reader
+ptb_word_lm.FLAGS(sys.argv)
+config = ptb_word_lm.get_config()
+train = reader.ptb_raw_data(data_path)[0]
+b, t, i = config.batch_size, config.num_steps, int(window)
+data = np.array(train[:len(train) // b * b], np.int32).reshape(b, -1)
+class Input(object):
+  batch_size, num_steps = b, t
+  input_data = tf.constant(data[:, i * t:(i + 1) * t])
+  targets = tf.constant(data[:, i * t + 1:(i + 1) * t + 1])
+with tf.variable_scope("Model"):
+  m = ptb_word_lm.PTBModel(is_training=True, config=config, input_=Input)
+saver = tf.train.Saver(tf.trainable_variables())
+with tf.Session() as s:
+  s.run(tf.global_variables_initializer())
+  saver.restore(s, ckpt)
+  m.assign_lr(s, float(lr))
+  s.run(m.train_op)
+  saver.save(s, out, write_meta_graph=False)
+"""
 
 
 # Prints TensorFlow 1.5.1's l2_loss and reduce_sum of the vectors in the
