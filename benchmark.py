@@ -59,6 +59,7 @@ from ptb import bfloat16
 from ptb import config as config_lib
 from ptb import data as data_lib
 from ptb import devices as devices_lib
+from ptb import kernel_offer
 from ptb import machine
 from ptb import outputs
 from ptb import plan as plan_lib
@@ -338,7 +339,7 @@ def main(_):
                mfu=r["gflops"] / ceiling, fma_peak_gflops=fma,
                bf16_peak_gflops=bf16,
                peak_fraction=r["gflops"] / peak if peak else None,
-               kernel_isa=plan_lib.kernel_width()[0])
+               kernel_isa=kernel_offer.kernel_width()[0])
       r.update(roofline_lib.roofline(r, config, peak, bandwidth,
                                      r["products"]))
       limits = after

@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from ptb import bfloat16
 from ptb import errors
+from ptb import kernel_offer
 from ptb import kernels
 from ptb import machine
-from ptb import plan as plan_lib
 from ptb import profile as profile_lib
 from ptb import roofline
 from ptb import testing
@@ -29,7 +29,7 @@ from ptb_word_lm_testing import run_in_process
 
 def _kernels_buildable():
   """Whether a benchmark.py process can build and use lstm_kernels here."""
-  return plan_lib.kernel_width()[0] is not None and kernels.compiler_found()
+  return kernel_offer.kernel_width()[0] is not None and kernels.compiler_found()
 
 
 def _softmax_path():
@@ -42,7 +42,7 @@ def _peak_fields():
   if not _kernels_buildable():
     return "fma_peak_gflops=unknown peak_fraction=unknown isa=none"
   return (r"fma_peak_gflops=\S+ peak_fraction=\S+ isa=%s"
-          % plan_lib.kernel_width()[0])
+          % kernel_offer.kernel_width()[0])
 
 
 def _roofline_fields():
@@ -144,7 +144,7 @@ class InProcessBenchmarkTest(tf.test.TestCase):
       self.assertAllClose(r["gflops"],
                           r["wps"] * r["train_flops_per_word"] / 1e9)
       if _kernels_buildable():
-        self.assertEqual(r["kernel_isa"], plan_lib.kernel_width()[0])
+        self.assertEqual(r["kernel_isa"], kernel_offer.kernel_width()[0])
         self.assertGreater(r["fma_peak_gflops"], 1)
         self.assertAllClose(r["peak_fraction"],
                             r["gflops"] / r["fma_peak_gflops"])

@@ -19,12 +19,14 @@ port reads the same checkpoint (--init_from). Given a --save_path, the
 original's Supervisor also took a window of its training and validation
 inputs at the start and every 120 s (ptb/summary_thread.py); the port
 skips the windows it took, read from its event files
-(--original_summary_calls). With dropout off
-(keep_prob=1) the two compute the same function and the same updates, so
-their lines differ only by rounding: the order of float sums, and
-TensorFlow 1.5.1's float32 sum of the gradient's norm, up to 2e-4 low,
-which at learning rate 1.0 parts them further (docs/original.md); with
-dropout on, their random draws differ.
+(--original_summary_calls). TensorFlow 1.5.1 summed the gradients'
+clipping norm in float32 vector lanes, up to 2e-4 low, which at learning
+rate 1.0 parts the two runs within an epoch (docs/original.md); the port
+sums it the same way on this machine's cores (--original_norm_threads)
+unless given --nooriginal_norm. With dropout off (keep_prob=1) the two
+compute the same function and the same updates, so their lines differ
+only by rounding, the order of float sums; with dropout on, their random
+draws differ.
 """
 
 import os
@@ -58,6 +60,10 @@ flags.DEFINE_integer("epochs", 0, "Epochs to train and compare.")
 flags.DEFINE_float("fraction", 0.0,
                    "Instead of --epochs: compare the progress lines of epoch "
                    "1 up to this fraction of it.")
+flags.DEFINE_bool("original_norm", True,
+                  "The port sums its clipping norm as the original's "
+                  "TensorFlow 1.5.1 did on this machine's cores "
+                  "(--original_norm_threads); false: its own exact sum.")
 FLAGS = flags.FLAGS
 
 _SCRIPT = os.path.join(_HERE, "ptb_word_lm.py")
@@ -206,12 +212,16 @@ def main(_):
               ",".join(str(s) for s, _ in steps), ",".join(map(str, takes))))
     overrides = ",".join(filter(None, [FLAGS.config_overrides,
                                        "max_max_epoch=%d" % epochs]))
+    threads = len(os.sched_getaffinity(0)) if FLAGS.original_norm else 0
+    print("The port sums its clipping norm %s." % (
+        "as TensorFlow 1.5.1 did on %d cores (--original_norm_threads=%d)"
+        % (threads, threads) if threads else "exactly (--nooriginal_norm)"))
     port, port_seconds = curves.run("ptb_word_lm.py", [
         sys.executable, _SCRIPT, "--data_path=" + data_path,
         "--model=" + FLAGS.model, "--num_gpus=0", "--rnn_mode=BASIC",
         "--train_from_zero_state", "--seed=%d" % seed, "--init_from=" + ckpt,
         "--original_summary_calls=" + ",".join(map(str, takes)),
-        "--eval_unroll=1",
+        "--original_norm_threads=%d" % threads, "--eval_unroll=1",
         "--config_overrides=" + overrides], FLAGS.fraction, echo=True)
   print("%s, %s, from the same weights (seed %d):" % (
       FLAGS.model, "%d epochs" % epochs if FLAGS.epochs else

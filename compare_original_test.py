@@ -23,6 +23,7 @@ import ptb_word_lm_testing
 from ptb import errors
 from ptb import kernels_test
 from ptb import original_checkpoint
+from ptb import original_norm
 from ptb import original_run
 from ptb import testing
 
@@ -331,6 +332,53 @@ class SumAsTf15Test(tf.test.TestCase):
     exact = 0.5 * np.sum(xs[-1].astype(np.float64) ** 2)
     self.assertGreater(abs(float(self.evaluate(library.sum_as_tf15(
         xs[-1], squares=True, threads=2))) - exact) / exact, 1e-6)
+
+
+# Prints TensorFlow 1.5.1's tf.global_norm of the arrays in the .npz file
+# argv[1] (arr_0 an IndexedSlices' values, its indices arr_1), as float32
+# bits.
+_TF15_GLOBAL_NORM = """
+import sys, numpy as np, tensorflow as tf
+xs = np.load(sys.argv[1])
+ts = [tf.IndexedSlices(tf.constant(xs["arr_0"]), tf.constant(xs["arr_1"]))]
+ts += [tf.constant(xs["arr_%d" % k]) for k in range(2, len(xs.files))]
+with tf.Session(config=tf.ConfigProto(intra_op_parallelism_threads=2)) as s:
+  print(np.float32(s.run(tf.global_norm(ts))).view(np.uint32))
+"""
+
+
+class GlobalNormAsTf15Test(tf.test.TestCase):
+  """--original_norm_threads's norm against TensorFlow 1.5.1's global_norm."""
+
+  def testEqualsTheOriginalsClippingNormBitForBit(self):
+    why = _why_no_original()
+    if why:
+      self.skipTest(why)
+    kernels_test.library_or_skip(self)
+    rng = np.random.RandomState(4)
+    # Small's gradients in the original's order: the embedding's rows as
+    # an IndexedSlices (one per word of a batch), then the dense ones.
+    ids = rng.randint(0, 10000, 400).astype(np.int32)
+    shapes = ((400, 200), (400, 800), (800,), (400, 800), (800,),
+              (200, 10000), (10000,))
+    xs = [(rng.normal(size=s) * 0.01).astype(np.float32) for s in shapes]
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "x.npz")
+      np.savez(path, xs[0], ids, *xs[1:])
+      script = os.path.join(tmp, "norm.py")
+      with open(script, "w") as f:
+        f.write(_TF15_GLOBAL_NORM)
+      want = int(subprocess.run(
+          [original_run.venv_python(ORIGINAL_VENV), script, path],
+          capture_output=True, text=True, check=True).stdout)
+    grads = [tf.IndexedSlices(xs[0], ids, (10000, 200))]
+    grads += [tf.constant(x) for x in xs[1:]]
+    variables = [tf.Variable(tf.zeros((10000, 200)))]
+    variables += [tf.Variable(tf.zeros(s)) for s in shapes[1:]]
+    got = self.evaluate(original_norm.global_norm(zip(grads, variables), 2))
+    self.assertEqual(np.float32(got).view(np.uint32), want)
+    exact = np.sqrt(sum(np.sum(x.astype(np.float64) ** 2) for x in xs))
+    self.assertGreater(abs(float(got) - exact) / exact, 1e-6)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ from ptb import dropout
 from ptb import extra_flags
 from ptb import low_rank_update
 from ptb import original_checkpoint
+from ptb import original_norm
 from ptb import outputs
 from ptb import plan as plan_lib
 from ptb import planner
@@ -199,8 +200,7 @@ class PTBInput(object):
     input_data, targets: int32 `[num_towers * batch_size,
       steps_per_call * num_steps]`; weights float32 like them (0 on
       padding), or None when steps_per_call == 1.
-    position: int64 local variable, calls served so far (see
-      reader.producer); a resumed run sets it.
+    position: int64 local variable, calls served (reader.producer).
   """
 
   def __init__(self, config, data, name=None, num_towers=1, steps_per_call=1,
@@ -246,13 +246,12 @@ class PTBModel(object):
       input_: a PTBInput with `len(devices)` towers.
       devices: one device per tower.
       use_fp16: float16 variables and activations.
-      replica: (index, count) of the processes that train together
-        (util.train_op).
+      replica: (index, count) of the processes training (util.train_op).
       carry_state: each step starts from the previous step's final state;
         False starts every step from zeros (--train_from_zero_state).
       plan: this model's part of the run's plan (a plan.Step: its LSTM
-        path, products, softmax loss and updates); None: the plan's
-        choices for this input, devices and dtype here (float32 products).
+        path, products, softmax loss, updates, norm); None: the rules'
+        for this input, devices and dtype (float32 products).
     """
     self._input = input_
     dtype = data_type(use_fp16)
@@ -293,8 +292,9 @@ class PTBModel(object):
 
     if is_training:
       with tf.device(util.variable_device(devices)):
-        self._train_op = util.train_op(tower_grads, variables, self._lr,
-                                       config.max_grad_norm, replica, plan.isa)
+        self._train_op = util.train_op(
+            tower_grads, variables, self._lr, config.max_grad_norm, replica,
+            plan.isa, plan.norm_threads)
     self.update_state, self.reset_state = state_lib.store_and_reset(
         self._states, [self._train_op if is_training else self._cost],
         carry_state)
@@ -365,9 +365,8 @@ def run_epoch(session, model, eval_op=None, verbose=False, start=None,
   fetches = {"cost": model.cost, "state": model.update_state}
   if eval_op is not None:
     fetches["eval_op"] = eval_op
-  # The original printed when step % (epoch_size // 10) == 10, which divides
-  # by zero below ten steps and prints nothing below 110; this keeps its
-  # cadence on long epochs and still prints about ten lines on short ones.
+  # The original printed at step % (epoch_size // 10) == 10: no line below
+  # 110 steps, a division by zero below 10. Its cadence, and ~10 lines on any.
   every = max(1, data.epoch_size // 10)
   words_per_window = data.batch_size * data.num_towers * data.num_steps
   for step in range(first, data.num_calls):
@@ -428,9 +427,9 @@ def build_models(config, eval_config, data, devices, use_fp16, eval_unroll,
   models = [build_model("Train", True, config, train_data, devices, use_fp16,
                         replica=replica, carry_state=not train_from_zero_state,
                         plan=plan.train)]
-  for name, eval_cfg, ids, part in (("Valid", config, valid_data, plan.valid),
-                                    ("Test", eval_config, test_data,
-                                     plan.test)):
+  for name, eval_cfg, ids, part in (
+      ("Valid", config, valid_data, plan.valid),
+      ("Test", eval_config, test_data, plan.test)):
     models.append(build_model(
         name, False, eval_cfg, ids, devices[:1], use_fp16,
         plan_lib.eval_windows(eval_unroll, eval_cfg.num_steps), reuse=True,
@@ -455,6 +454,7 @@ def main(_):
                                       FLAGS.cpu_towers)
   bfloat16.check(FLAGS.use_bf16, FLAGS.use_fp16, FLAGS.force_bf16, devices,
                  config.rnn_mode)
+  original_norm.check(FLAGS.original_norm_threads, FLAGS.use_fp16)
   init_from = original_checkpoint.check_flags(
       FLAGS.init_from, FLAGS.eval_only, FLAGS.save_path, config,
       data_type(FLAGS.use_fp16))
@@ -478,11 +478,11 @@ def main(_):
   plan = planner.make(FLAGS.plan, config, devices, data_type(FLAGS.use_fp16),
                       plan_lib.offered(), replica[1], eval_config,
                       FLAGS.eval_unroll, bfloat16.products(FLAGS.use_bf16))
+  plan = plan_lib.with_original_norm(plan, FLAGS.original_norm_threads)
   print(plan_lib.line(plan), file=sys.stderr, flush=True)
-  summary = summary_lib.Summary(FLAGS.summary_json, sys.argv, FLAGS.model,
-                                config, devices, start_time,
-                                FLAGS.train_from_zero_state,
-                                plan=plan_lib.record(plan))
+  summary = summary_lib.Summary(
+      FLAGS.summary_json, sys.argv, FLAGS.model, config, devices, start_time,
+      FLAGS.train_from_zero_state, plan=plan_lib.record(plan))
   with training.memory_log(FLAGS.memory_log, FLAGS.memory_interval, devices,
                            FLAGS.save_path) as sampler:
     with tf.Graph().as_default() as graph, training.placement(cluster):

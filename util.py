@@ -8,6 +8,7 @@ script); they are imported here under their names of the tutorial's util.
 import tensorflow as tf
 
 from ptb import low_rank_update
+from ptb import original_norm
 from ptb.low_rank_update import LowRankGradient
 # pylint: disable=unused-import
 from ptb.devices import tower_devices
@@ -89,7 +90,7 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
   matrices and updates its variable in one pass, without being formed.
   """
 
-  def __init__(self, learning_rate, max_grad_norm, isa=None):
+  def __init__(self, learning_rate, max_grad_norm, isa=None, norm_threads=0):
     """The optimizer.
 
     Args:
@@ -97,10 +98,13 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
       max_grad_norm: the global norm the gradients are clipped to.
       isa: the kernels' width of ApplyOuterProduct, for LowRankGradients
         (the plan's; plan.Step.isa).
+      norm_threads: above 0, the norm is summed as TensorFlow 1.5.1 summed
+        it on that many cores (ptb/original_norm.py; plan.Step).
     """
     super().__init__(learning_rate)
     self._max_grad_norm = max_grad_norm
     self._isa = isa
+    self._norm_threads = norm_threads
     self._clip_scale = None
     self._factored = []
 
@@ -123,6 +127,8 @@ class ClippedGradientDescent(tf.compat.v1.train.GradientDescentOptimizer):
 
   def _global_norm(self, grads_and_vars):
     """The global norm, from the factors where a gradient has them."""
+    if self._norm_threads:
+      return original_norm.global_norm(grads_and_vars, self._norm_threads)
     dense = [g for g, _ in grads_and_vars
              if not isinstance(g, LowRankGradient)]
     if not self._factored:
@@ -224,7 +230,7 @@ def synchronous_update(grads_and_vars, optimizer, global_step, replica,
 
 
 def train_op(tower_grads, variables, lr, max_grad_norm, replica=(0, 1),
-             isa=None):
+             isa=None, norm_threads=0):
   """The training op: the towers' average gradient, clipped, applied by SGD.
 
   Args:
@@ -237,9 +243,11 @@ def train_op(tower_grads, variables, lr, max_grad_norm, replica=(0, 1),
       several, each step's update is the average of one gradient from each
       (synchronous_update).
     isa: the kernels' width for the LowRankGradients' updates (the plan's).
+    norm_threads: the clipping norm summed as TensorFlow 1.5.1 on that many
+      cores; 0: exactly (ClippedGradientDescent).
   """
   grads_and_vars = zip(average_gradients(tower_grads), variables)
-  optimizer = ClippedGradientDescent(lr, max_grad_norm, isa)
+  optimizer = ClippedGradientDescent(lr, max_grad_norm, isa, norm_threads)
   global_step = tf.compat.v1.train.get_or_create_global_step()
   if replica[1] > 1:
     return synchronous_update(grads_and_vars, optimizer, global_step,

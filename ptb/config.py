@@ -258,6 +258,7 @@ FLAG_RANGES = {"num_gpus": (0, True), "cpu_towers": (1, True),
                "save_every_steps": (0, True),
                "memory_interval": (0, False, MAX_SECONDS),
                "original_summary_secs": (0, True, MAX_SECONDS),
+               "original_norm_threads": (0, True),
                "task_index": (0, True),
                "cluster_timeout": (0, False, MAX_SECONDS)}
 

@@ -52,6 +52,12 @@ flags.DEFINE_list(
     "many session calls of the run (0: before the first; a count listed "
     "twice takes twice), where the original's own run took them "
     "(compare_original.py reads them from its event files).")
+flags.DEFINE_integer(
+    "original_norm_threads", 0,
+    "Sum the gradients' clipping norm as TensorFlow 1.5.1 summed it in "
+    "float32 on a machine of this many cores (the original's l2_loss; "
+    "ptb/original_norm.py), to follow the original step for step "
+    "(compare_original.py); 0: the exact sum.")
 flags.DEFINE_bool(
     "use_bf16", False,
     "Run the matrix products in bfloat16 (float32 accumulation; weights, "

@@ -185,7 +185,7 @@ def load_library():
   """Builds the kernels unless cached and loads their op library, on any CPU.
 
   The ops register on any x86-64 CPU; whether they can run here is the
-  plan's question (plan.offer).
+  plan's question (kernel_offer.offer).
 
   Returns:
     The op library (a module with `pack_panels`, `panel_mat_mul`,
@@ -203,7 +203,7 @@ def load():
   """The op library (load_library's), kept for the process; None if it fails.
 
   The graph builders take the ops from here where their part of the plan
-  says that the kernels run (the plan loaded them first, plan.offer).
+  says that the kernels run (the plan loaded them first, kernel_offer.offer).
   """
   if _state["library"] is None:
     try:

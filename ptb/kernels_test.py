@@ -26,6 +26,7 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 
+from ptb import kernel_offer
 from ptb import kernels
 from ptb import lstm
 from ptb import plan as plan_lib
@@ -42,7 +43,7 @@ _OPS = ("pack_panels", "panel_mat_mul", "softmax_cross_entropy", "fma_peak",
         "pack_panels_bf16", "panel_mat_mul_bf16", "transpose_bf16",
         "sum_as_tf15")
 _NO_BF16 = "no CPU with AVX512_BF16/AMX here"
-_read_flags = plan_lib._cpu_flags   # pylint: disable=protected-access
+_read_flags = kernel_offer.cpu_flags
 _module = {}
 
 
@@ -76,11 +77,11 @@ def setUpModule():
     _module["dir"] = _module["own"]
   if os.environ.get("PTB_TEST_NO_AVX512") == "1":
     # The ops' own choice (isa auto) follows PTB_KERNEL_ISA, not the patch.
-    _module["cpu"] = mock.patch.object(plan_lib, "_cpu_flags",
+    _module["cpu"] = mock.patch.object(kernel_offer, "cpu_flags",
                                        side_effect=_flags_without_avx512)
     _module["cpu"].start()
     _module["env"] = _environ(PTB_KERNEL_ISA="avx2")
-  plan_lib.forget_offered()
+  kernel_offer.forget_offered()
 
 
 def tearDownModule():
@@ -92,7 +93,7 @@ def tearDownModule():
     os.environ.pop("PTB_KERNEL_DIR", None)
     # A library loaded from here stays loaded; Linux keeps its pages.
     shutil.rmtree(_module.pop("own"), ignore_errors=True)
-  plan_lib.forget_offered()
+  kernel_offer.forget_offered()
 
 
 def skip_without_compiler(test):
@@ -108,7 +109,7 @@ def library_or_skip(test):
 
 def kernels_or_skip(test):
   """The op library where its ops can run; skips without a width or g++."""
-  if not plan_lib.cpu_isas():
+  if not kernel_offer.cpu_isas():
     test.skipTest(_NO_VECTORS)
   skip_without_compiler(test)
   library = kernels.load()
@@ -122,7 +123,7 @@ def widths_or_skip(test):
   Each test of the ops runs once per width: `with_width` around each run.
   """
   library = kernels_or_skip(test)
-  return library, plan_lib.cpu_isas()
+  return library, kernel_offer.cpu_isas()
 
 
 @contextlib.contextmanager
@@ -751,7 +752,7 @@ class ModelProductsTest(tf.test.TestCase):
     # The kernels' LstmCell where the plan offers them (float32 on a CPU),
     # BlockLSTM where it does not (GPUs, float16, no kernels).
     kernels_or_skip(self)
-    for isa, fused in ((plan_lib.cpu_isas()[0], True), (None, False)):
+    for isa, fused in ((kernel_offer.cpu_isas()[0], True), (None, False)):
       for chunk in (2, None):
         plan = plan_lib.lstm(BLOCK, 2, 5, 3, 4, isa,
                              limits=testing.wavefront_limits(chunk, 5))
@@ -768,7 +769,7 @@ class ModelProductsTest(tf.test.TestCase):
 
 
 class LoadTest(tf.test.TestCase):
-  """Building and loading; what the model may use is plan.offer's."""
+  """Building and loading; what the model may use is kernel_offer.offer's."""
 
   def testLoadKeepsTheLibraryOrGivesNone(self):
     skip_without_compiler(self)
@@ -792,7 +793,7 @@ class LoadTest(tf.test.TestCase):
     library = kernels.load_library()
     for wanted, isa, error in (("avx1024", "auto", "PTB_KERNEL_ISA is "
                                 '"avx1024", not avx512 or avx2'),
-                               ("avx1024", plan_lib.cpu_isas()[-1], None)):
+                               ("avx1024", kernel_offer.cpu_isas()[-1], None)):
       patch = _environ(PTB_KERNEL_ISA=wanted)
       try:
         with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
@@ -855,7 +856,7 @@ class LoadTest(tf.test.TestCase):
   def testBuildsAndRegistersTheOpsOnAnyCpu(self):
     # Compiled without -mavx2 or -mavx512f: nothing here asks the CPU.
     skip_without_compiler(self)
-    with mock.patch.object(plan_lib, "_cpu_flags", return_value=set()):
+    with mock.patch.object(kernel_offer, "cpu_flags", return_value=set()):
       path = kernels.build()
       library = kernels.load_library()
     self.assertEqual(os.path.dirname(path), _module["dir"])

@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from ptb import bfloat16
 from ptb import errors
+from ptb import kernel_offer
 from ptb import kernels
-from ptb import plan as plan_lib
 
 
 def llc_bytes(cache_dir="/sys/devices/system/cpu/cpu0/cache"):
@@ -44,7 +44,7 @@ def _measuring_library():
   None without a vector width or a compiler, or if the build fails: the
   measurements are then reported as unknown.
   """
-  if plan_lib.kernel_width()[0] is None or not kernels.compiler_found():
+  if kernel_offer.kernel_width()[0] is None or not kernels.compiler_found():
     return None
   try:
     return kernels.load_library()

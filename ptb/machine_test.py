@@ -8,14 +8,14 @@ from unittest import mock
 
 import tensorflow as tf
 
+from ptb import kernel_offer
 from ptb import kernels
 from ptb import machine
-from ptb import plan as plan_lib
 
 
 def _kernels_buildable():
   """Whether this process can build and use the kernels here."""
-  return plan_lib.kernel_width()[0] is not None and kernels.compiler_found()
+  return kernel_offer.kernel_width()[0] is not None and kernels.compiler_found()
 
 
 class MachineTest(tf.test.TestCase):
@@ -34,7 +34,7 @@ class MachineTest(tf.test.TestCase):
       self.assertIsNone(machine.llc_bytes(os.path.join(tmp, "none")))
 
   def testMemoryBandwidthOrNone(self):
-    with mock.patch.object(plan_lib, "kernel_width",
+    with mock.patch.object(kernel_offer, "kernel_width",
                            return_value=(None, "no width")):
       self.assertIsNone(machine.memory_bandwidth(None))
     if _kernels_buildable():
@@ -44,7 +44,7 @@ class MachineTest(tf.test.TestCase):
           0.5)
 
   def testFmaPeakInTheKernelsWidthOrNone(self):
-    with mock.patch.object(plan_lib, "kernel_width",
+    with mock.patch.object(kernel_offer, "kernel_width",
                            return_value=(None, "no width")):
       self.assertIsNone(machine.fma_peak(None))
     if _kernels_buildable():

@@ -360,7 +360,7 @@ class OutputsTest(ptb_word_lm_testing.InProcessRunTest):
   def testFlagRanges(self):
     bad = {"eval_unroll": 0, "memory_interval": 0.0, "save_every_steps": -1,
            "cluster_timeout": 0.0, "original_summary_secs": -1.0,
-           "intra_op_threads": -1,
+           "intra_op_threads": -1, "original_norm_threads": -1,
            "inter_op_threads": -1, "task_index": -1, "seed": -1,
            "num_gpus": -1, "cpu_towers": 0}
     self.assertCountEqual(bad, config_lib.FLAG_RANGES)

@@ -8,23 +8,23 @@ kernels offer (`offered`). ptb_word_lm.main and benchmark.py compute the
 plan, print it (`line`, `fields`) and pass it down; lstm.py, softmax.py and
 util.py take their part as a plain argument and decide nothing themselves.
 
-The thresholds live here (`THRESHOLDS`), each with its reason. The
-environment variables that choose the kernels are read here and nowhere
-else in ptb/: PTB_LSTM_KERNELS=0 turns them off, PTB_KERNEL_ISA (avx512 or
-avx2) names their width.
+The thresholds live here (`THRESHOLDS`), each with its reason. What the
+kernels offer (`offered`, `Kernels`) comes from ptb/kernel_offer.py and is
+named here too, as the plan's first input.
 """
 
 import collections
 import dataclasses
-import os
 from typing import Optional, Tuple
 
-from absl import logging
 import tensorflow as tf
 
-from ptb import kernels as kernels_lib
 from ptb.bfloat16 import BFLOAT16, FLOAT32
 from ptb.config import BASIC, BLOCK, CUDNN
+# pylint: disable=unused-import
+from ptb.kernel_offer import Kernels
+from ptb.kernel_offer import offered
+# pylint: enable=unused-import
 
 # A layer's path (Lstm.paths).
 WAVEFRONT = "wavefront"    # every layer in one custom gradient, by time chunks
@@ -83,29 +83,6 @@ THRESHOLDS = Thresholds(
     # GPUs' libraries need no such help.
     swap_min_weight=1 << 20)
 
-# The kernels' vector widths, widest first, and the CPU flags each needs
-# (as /proc/cpuinfo spells them).
-ISAS = ("avx512", "avx2")
-_ISA_FLAGS = {"avx512": ("avx512f",), "avx2": ("avx2", "fma")}
-ISA_NAMES = {"avx512": "AVX-512", "avx2": "AVX2 with FMA"}
-CPUINFO = "/proc/cpuinfo"
-
-
-@dataclasses.dataclass(frozen=True)
-class Kernels:
-  """What the CPU and the kernels offer this process.
-
-  Attributes:
-    isa: the kernels' vector width ("avx512" or "avx2"), None without them.
-    why: how the width was chosen, or why there are no kernels.
-    bf16: whether the CPU has VDPBF16PS (AVX512_BF16), which runs
-      bfloat16 products on the kernels' panels (PanelMatMulBf16).
-  """
-  isa: Optional[str]
-  why: str
-  bf16: bool = False
-
-
 @dataclasses.dataclass(frozen=True)
 class Lstm:
   """How the LSTM layers of one session call run: lstm.py's part.
@@ -162,6 +139,9 @@ class Step:
       gradient stays sparse and the LSTM biases' dense), else DENSE; None
       in evaluation.
     isa: the width of ApplyOuterProduct with FACTORS, else None.
+    norm_threads: training only: above 0, the clipping norm is summed as
+      TensorFlow 1.5.1 summed it on that many cores (ptb/original_norm.py,
+      --original_norm_threads); 0: exactly.
   """
   batch: int
   steps: int
@@ -169,6 +149,7 @@ class Step:
   softmax: Softmax
   updates: Optional[str]
   isa: Optional[str]
+  norm_threads: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,104 +192,6 @@ class Choices:
 
 
 RULES = Choices()
-
-
-def _cpu_flags(cpuinfo):
-  """The CPU's flags that `cpuinfo` lists (none if it cannot be read)."""
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        if line.startswith("flags"):
-          return set(line.split())
-  except OSError:
-    pass
-  return set()
-
-
-def cpu_isas(cpuinfo=CPUINFO):
-  """The kernels' widths that this CPU runs, widest first (names of ISAS).
-
-  "avx512" with the avx512f flag, "avx2" with both avx2 and fma; none if
-  `cpuinfo` cannot be read.
-  """
-  flags = _cpu_flags(cpuinfo)
-  return tuple(isa for isa in ISAS
-               if all(flag in flags for flag in _ISA_FLAGS[isa]))
-
-
-def kernel_width(environ=None, cpuinfo=CPUINFO):
-  """The kernels' width here, and how it was chosen or why there is none.
-
-  PTB_KERNEL_ISA (`avx512` or `avx2`) chooses it; unset or empty, the
-  widest that the CPU has. The ops (kernels.cc) refuse a width that the CPU
-  cannot run.
-
-  Args:
-    environ: the environment (os.environ by default).
-    cpuinfo: the file that lists the CPU's flags.
-
-  Returns:
-    (isa, why): isa one of ISAS, or None when no width can run.
-  """
-  environ = os.environ if environ is None else environ
-  available = cpu_isas(cpuinfo)
-  wanted = environ.get("PTB_KERNEL_ISA", "")
-  if not wanted:
-    if available:
-      return available[0], "the widest this CPU has"
-    return None, "the CPU has neither AVX-512 nor AVX2 with FMA"
-  if wanted not in ISAS:
-    return None, "PTB_KERNEL_ISA=%s is not one of %s" % (
-        wanted, ", ".join(ISAS))
-  if wanted not in available:
-    return None, "PTB_KERNEL_ISA=%s but the CPU has no %s" % (
-        wanted, ISA_NAMES[wanted])
-  return wanted, "PTB_KERNEL_ISA=%s" % wanted
-
-
-def offer(environ=None, cpuinfo=CPUINFO):
-  """What the kernels offer here: a width, or why none (Kernels).
-
-  None with PTB_LSTM_KERNELS=0, without a width (kernel_width) or where
-  the build or the loading fails; nothing is built then for nothing.
-  """
-  environ = os.environ if environ is None else environ
-  if environ.get("PTB_LSTM_KERNELS", "1") == "0":
-    return Kernels(None, "disabled by PTB_LSTM_KERNELS=0")
-  isa, why = kernel_width(environ, cpuinfo)
-  if isa is None:
-    return Kernels(None, why)
-  try:
-    kernels_lib.load_library()
-  except (RuntimeError, OSError, tf.errors.OpError) as e:
-    return Kernels(None, str(e))
-  return Kernels(isa, why, "avx512_bf16" in kernels_lib.bf16_units(cpuinfo))
-
-
-_offered = []
-
-
-def offered():
-  """offer() of this process's environment and CPU, once per process.
-
-  The outcome is logged once: the width, or as a warning why none.
-  """
-  if not _offered:
-    _offered.append(offer())
-    kernels = _offered[0]
-    if kernels.isa is None:
-      logging.warning("LSTM kernels not used (%s); the recurrent products "
-                      "use tf.matmul and the softmax layer TensorFlow's "
-                      "softmax.", kernels.why)
-    else:
-      logging.info("LSTM kernels use %s (%s).", ISA_NAMES[kernels.isa],
-                   kernels.why)
-  return _offered[0]
-
-
-def forget_offered():
-  """Makes offered() look again (tests)."""
-  del _offered[:]
 
 
 def _swap(rows, weight, cpu, limits):
@@ -487,6 +370,15 @@ def make(config, devices, dtype, kernels, workers=1, eval_config=None,
   return Plan(kernels, train, *evaluations, how=how[0], why=how[1])
 
 
+def with_original_norm(plan, threads):
+  """The plan, its training step's clipping norm summed as TensorFlow 1.5.1
+  summed it on `threads` cores (0: the plan as it is)."""
+  if not threads:
+    return plan
+  return dataclasses.replace(
+      plan, train=dataclasses.replace(plan.train, norm_threads=threads))
+
+
 def _swapped(step_plan):
   """The products a @ w^T that the step swaps, as fields() names them."""
   lstm_plan, names = step_plan.lstm, []
@@ -509,8 +401,9 @@ def fields(plan):
   recurrent and backward (the training step's recurrent products),
   recurrent_valid and recurrent_test (where the plan has them), softmax,
   updates, swapped (the training step's swapped products, or none),
-  products (their dtype, each part's where they differ) and plan (how it
-  was made: estimate or measure).
+  products (their dtype, each part's where they differ), norm (only where
+  the clipping norm is TensorFlow 1.5.1's: "tf1.5xN", N its cores) and
+  plan (how it was made: estimate or measure).
   """
   train = plan.train
   out = collections.OrderedDict([
@@ -529,6 +422,8 @@ def fields(plan):
   lstm_dtype, softmax_dtype = train.lstm.products, train.softmax.products
   out["products"] = (lstm_dtype if lstm_dtype == softmax_dtype else
                      "lstm:%s,softmax:%s" % (lstm_dtype, softmax_dtype))
+  if train.norm_threads:
+    out["norm"] = "tf1.5x%d" % train.norm_threads
   out["plan"] = plan.how
   return out
 

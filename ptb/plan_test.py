@@ -1,4 +1,4 @@
-"""Tests of ptb/plan.py: each choice, what the kernels offer, the printed plan.
+"""Tests of ptb/plan.py: each choice and the printed plan.
 
 The plan printed is the path that ran: runs of main in the test's process,
 whose graphs' ops are checked against the line they print.
@@ -7,13 +7,12 @@ whose graphs' ops are checked against the line they print.
 import json
 import os
 import re
-import stat
 import tempfile
 from unittest import mock
 
 import tensorflow as tf
 
-from ptb import kernels
+from ptb import kernel_offer
 from ptb import plan as plan_lib
 from ptb import testing
 from ptb.bfloat16 import BFLOAT16
@@ -21,7 +20,6 @@ from ptb.config import BASIC, BLOCK, CUDNN
 import ptb_word_lm
 from ptb_word_lm_testing import run_in_process
 
-_NO_WIDTH = "the CPU has neither AVX-512 nor AVX2 with FMA"
 
 
 class Config(object):
@@ -168,6 +166,13 @@ class LineTest(tf.test.TestCase):
                           plan_lib.Kernels(None, "disabled"))
     self.assertNotIn("recurrent_valid", plan_lib.fields(alone))
     self.assertEqual(plan_lib.fields(alone)["kernels"], "none")
+    # --original_norm_threads: the training step's norm, said before plan=.
+    self.assertIs(plan_lib.with_original_norm(plan, 0), plan)
+    original = plan_lib.with_original_norm(plan, 2)
+    self.assertEqual((original.train.norm_threads, original.valid),
+                     (2, plan.valid))
+    self.assertIn(" products=float32 norm=tf1.5x2 plan=estimate",
+                  plan_lib.line(original))
 
 
   def testBfloat16ProductsRunOnMatmulBesideTheKernelsFloat32Ops(self):
@@ -189,99 +194,6 @@ class LineTest(tf.test.TestCase):
                      (BFLOAT16, BFLOAT16))
     self.assertEqual(plan_lib.fields(plan_lib.Plan(kernels, bf16))[
         "products"], "bfloat16")
-
-
-def _cpuinfo(directory, flags):
-  path = os.path.join(directory, "cpuinfo")
-  with open(path, "w") as f:
-    f.write("processor\t: 0\nflags\t\t: %s\n" % flags)
-  return path
-
-
-class OfferTest(tf.test.TestCase):
-  """What the CPU, the environment and the kernels' build offer."""
-
-  def testCpuFlagsAreRead(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      for flags, isas in (
-          ("fpu sse avx2 avx512f avx512bw", ("avx512",)),
-          ("fpu sse avx2 avx512bw", ()),
-          ("fpu sse fma avx2 avx512f avx512bw", ("avx512", "avx2")),
-          ("fpu sse fma avx2", ("avx2",)),
-          ("fpu sse avx fma", ())):
-        self.assertEqual(plan_lib.cpu_isas(_cpuinfo(tmp, flags)), isas,
-                         msg=flags)
-      self.assertEqual(plan_lib.cpu_isas(os.path.join(tmp, "missing")), ())
-
-  def testWidthFromTheCpuAndTheEnvironment(self):
-    widest = "the widest this CPU has"
-    with tempfile.TemporaryDirectory() as tmp:
-      for flags, wanted, want in (
-          ("avx512f avx2 fma", None, ("avx512", widest)),
-          ("avx512f avx2 fma", "", ("avx512", widest)),
-          ("avx512f avx2 fma", "avx2", ("avx2", "PTB_KERNEL_ISA=avx2")),
-          ("avx512f avx2 fma", "avx512", ("avx512", "PTB_KERNEL_ISA=avx512")),
-          ("avx2 fma", None, ("avx2", widest)),
-          ("avx2 fma", "avx512",
-           (None, "PTB_KERNEL_ISA=avx512 but the CPU has no AVX-512")),
-          ("avx512f", "avx2",
-           (None, "PTB_KERNEL_ISA=avx2 but the CPU has no AVX2 with FMA")),
-          ("avx512f avx2 fma", "sse",
-           (None, "PTB_KERNEL_ISA=sse is not one of avx512, avx2")),
-          ("sse", None, (None, _NO_WIDTH))):
-        environ = {} if wanted is None else {"PTB_KERNEL_ISA": wanted}
-        self.assertEqual(
-            plan_lib.kernel_width(environ, _cpuinfo(tmp, flags)), want,
-            msg=(flags, wanted))
-
-  def testNothingBuiltWhereNothingCanRun(self):
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
-        kernels, "load_library", side_effect=AssertionError("built")):
-      cpuinfo = _cpuinfo(tmp, "avx2 fma")
-      self.assertEqual(plan_lib.offer({"PTB_LSTM_KERNELS": "0"}, cpuinfo),
-                       plan_lib.Kernels(None,
-                                        "disabled by PTB_LSTM_KERNELS=0"))
-      self.assertEqual(plan_lib.offer({}, _cpuinfo(tmp, "sse")),
-                       plan_lib.Kernels(None, _NO_WIDTH))
-
-  def testAvx2OnlyCpuGetsTheKernels(self):
-    if not kernels.compiler_found():
-      self.skipTest("no C++ compiler to build the kernels with")
-    with tempfile.TemporaryDirectory() as tmp:
-      self.assertEqual(plan_lib.offer({}, _cpuinfo(tmp, "avx2 fma")),
-                       plan_lib.Kernels("avx2", "the widest this CPU has"))
-
-  def testFailedBuildGivesTensorFlowOps(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      # A compiler that says why it fails and exits with status 3.
-      compiler = os.path.join(tmp, "failing-c++")
-      with open(compiler, "w") as f:
-        f.write("#!/bin/sh\necho 'fake compiler line'\nexit 3\n")
-      os.chmod(compiler, stat.S_IRWXU)
-      cache = os.path.join(tmp, "cache")
-      with mock.patch.dict(os.environ, {"PTB_KERNEL_DIR": cache,
-                                        "CXX": compiler}):
-        offered = plan_lib.offer({}, _cpuinfo(tmp, "avx2 fma"))
-      self.assertIsNone(offered.isa)
-      self.assertIn("failing-c++ exited with status 3", offered.why)
-      self.assertIn("fake compiler line", offered.why)
-      self.assertEqual(os.listdir(cache), [])
-    step = _step(Config(hidden_size=512, num_steps=8, batch_size=8),
-                 isa=offered.isa)
-    self.assertEqual((step.lstm.forward, step.softmax.loss, step.updates),
-                     ("matmul", "ops", "dense"))
-
-  def testOfferedOnceAndLogged(self):
-    plan_lib.forget_offered()
-    self.addCleanup(plan_lib.forget_offered)
-    none = plan_lib.Kernels(None, "no reason")
-    with mock.patch.object(plan_lib, "offer", return_value=none) as offer, \
-        self.assertLogs(level="WARNING") as logs:
-      self.assertIs(plan_lib.offered(), none)
-      self.assertIs(plan_lib.offered(), none)
-    self.assertEqual(offer.call_count, 1)
-    self.assertLen(logs.output, 1)
-    self.assertIn("LSTM kernels not used (no reason)", logs.output[0])
 
 
 def printed_plan(err):
@@ -397,8 +309,8 @@ class PlanRanTest(tf.test.TestCase):
       return real_build_models(*args, **kwargs)
 
     summary = os.path.join(self._tmp.name, "summary.json")
-    plan_lib.forget_offered()
-    self.addCleanup(plan_lib.forget_offered)
+    kernel_offer.forget_offered()
+    self.addCleanup(kernel_offer.forget_offered)
     with mock.patch.dict(os.environ, environ or {}), mock.patch.object(
         ptb_word_lm, "build_models", build_models):
       _, err, stop = run_in_process(

@@ -39,6 +39,7 @@ import time
 import tensorflow as tf
 
 from ptb import bfloat16
+from ptb import kernel_offer
 from ptb import kernels as kernels_lib
 from ptb import plan as plan_lib
 from ptb import recurrent_product
@@ -57,9 +58,9 @@ with open(__file__, "rb") as _f:
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
-def _cpu_model(cpuinfo=plan_lib.CPUINFO):
+def _cpu_model(cpuinfo=kernel_offer.CPUINFO):
   """The CPU's model name and the flags that choose paths, for the key."""
-  flags = plan_lib._cpu_flags(cpuinfo)  # pylint: disable=protected-access
+  flags = kernel_offer.cpu_flags(cpuinfo)
   return (roofline_lib.cpu_model(cpuinfo),
           sorted(f for f in _CPU_FLAGS if f in flags))
 
