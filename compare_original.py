@@ -23,10 +23,12 @@ skips the windows it took, read from its event files
 clipping norm in float32 vector lanes, up to 2e-4 low, which at learning
 rate 1.0 parts the two runs within an epoch (docs/original.md); the port
 sums it the same way on this machine's cores (--original_norm_threads)
-unless given --nooriginal_norm. With dropout off (keep_prob=1) the two
-compute the same function and the same updates, so their lines differ
-only by rounding, the order of float sums; with dropout on, their random
-draws differ.
+unless given --nooriginal_norm. The original's TensorFlow keeps the pages
+it frees (--original_keep_pages), which spares it most of its page faults
+and changes none of its arithmetic. With dropout off (keep_prob=1)
+the two compute the same function and the same updates, so their lines
+differ only by rounding, the order of float sums; with dropout on, their
+random draws differ.
 """
 
 import os
@@ -64,6 +66,10 @@ flags.DEFINE_bool("original_norm", True,
                   "The port sums its clipping norm as the original's "
                   "TensorFlow 1.5.1 did on this machine's cores "
                   "(--original_norm_threads); false: its own exact sum.")
+flags.DEFINE_bool("original_keep_pages", True,
+                  "The original's TensorFlow 1.5.1 keeps the pages it frees "
+                  "(its jemalloc's lg_dirty_mult:-1): the same arithmetic, "
+                  "without most of its page faults; false: as it shipped.")
 FLAGS = flags.FLAGS
 
 _SCRIPT = os.path.join(_HERE, "ptb_word_lm.py")
@@ -199,10 +205,15 @@ def main(_):
     print("The original's %s, edited in place:" %
           original_run.CLASSES[FLAGS.model])
     print(diff or "(unchanged)")
+    env = original_run.environment(FLAGS.original_keep_pages, os.environ)
+    print("The original runs with JEMALLOC_MALLOC_CONF=%s%s." % (
+        env.get("JEMALLOC_MALLOC_CONF", "(unset)"),
+        ": it keeps the pages it frees (--nooriginal_keep_pages: as it "
+        "shipped)" if FLAGS.original_keep_pages else ""))
     line_times = {}
     original, original_seconds = curves.run("the original", original_run.command(
         python, os.path.join(work, "code"), data_path, FLAGS.model,
-        save_path), FLAGS.fraction, echo=True, line_times=line_times,
+        save_path), FLAGS.fraction, env=env, echo=True, line_times=line_times,
         stop=signal.SIGINT)
     steps = summary_thread.takes_in_events(save_path)
     takes = summary_thread.calls_of_takes(

@@ -12,8 +12,9 @@ variable checkpoint.CONFIG_VARIABLE), and a resume compares it with its own:
   epoch starts from the first window with a zero state. The products'
   dtype (--use_bf16) likewise, so that an epoch's perplexity is of one.
 - The other fields (the schedule: max_max_epoch, max_epoch, learning_rate,
-  lr_decay, keep_prob; and max_grad_norm, init_scale, rnn_mode) may change
-  at any time.
+  lr_decay, keep_prob; and max_grad_norm, init_scale, rnn_mode, and how the
+  clipping's norm is summed, --original_norm_threads) may change at any
+  time.
 
 The run names each change in one line, and the summary JSON records it.
 """
@@ -34,21 +35,23 @@ _SET_BY = {"towers": "towers (--num_gpus, --cpu_towers)",
            "train_from_zero_state": "--train_from_zero_state",
            "use_bf16": "--use_bf16"}
 # What a checkpoint written before a field existed ran with.
-_BEFORE_RECORDED = {"train_from_zero_state": False, "use_bf16": False}
+_BEFORE_RECORDED = {"train_from_zero_state": False, "use_bf16": False,
+                    "original_norm_threads": 0}
 # How _listed writes a change in an error, and in the lines of a resume.
 _BOTH = "{label} is {old} there and {new} here"
 _WAS = "{name}={new} (was {old})"
 
 
 def record(config, towers, workers, train_from_zero_state=False,
-           use_bf16=False):
+           use_bf16=False, original_norm_threads=0):
   """What a checkpoint records of its run: every config field, the split,
-  whether training starts every step from a zero state, and whether the
-  products run in bfloat16."""
+  whether training starts every step from a zero state, whether the
+  products run in bfloat16, and the cores whose sum of the clipping norm
+  it copies (0: the exact sum)."""
   fields = config_lib.config_fields(config)
   fields.update(towers=towers, workers=workers,
                 train_from_zero_state=train_from_zero_state,
-                use_bf16=use_bf16)
+                use_bf16=use_bf16, original_norm_threads=original_norm_threads)
   return fields
 
 

@@ -497,6 +497,23 @@ class WhatMayChangeTest(tf.test.TestCase):
         saved, resume_lib.record(cfg, 1, 1, train_from_zero_state=True)),
                      {"train_from_zero_state": (False, True)})
 
+  def testTheNormsSumMayChangeInAnEpochAndIsNamed(self):
+    cfg = ptb_word_lm_testing.learning_config()
+    saved = resume_lib.record(cfg, 1, 1)
+    run = resume_lib.record(cfg, 1, 1, original_norm_threads=2)
+    resume = resume_lib.Resume("ckpt", (3, 5, 1.0),
+                               resume_lib.config_changes(saved, run), [])
+    resume.check("S")  # in the middle of epoch 4: allowed
+    self.assertEqual(resume.lines(), [
+        "Config changes since the checkpoint: original_norm_threads=2 "
+        "(was 0)"])
+    self.assertEqual(resume.summary_changes(),
+                     {"original_norm_threads": {"from": 0, "to": 2}})
+    # A checkpoint written before the field was recorded summed exactly.
+    del saved["original_norm_threads"]
+    self.assertEqual(resume_lib.config_changes(
+        saved, resume_lib.record(cfg, 1, 1)), {})
+
   def testNoChangeNoLine(self):
     resume = self.resume(5)
     resume.check("S")

@@ -44,10 +44,11 @@ def is_chief(cluster):
 
 
 def run_record(config, devices, cluster, train_from_zero_state=False,
-               use_bf16=False):
+               use_bf16=False, original_norm_threads=0):
   """What the run's checkpoints record of it (resume.record)."""
   return resume_lib.record(config, len(devices), replica(cluster)[1],
-                           train_from_zero_state, use_bf16)
+                           train_from_zero_state, use_bf16,
+                           original_norm_threads)
 
 
 def find_resume(save_path, record, cluster):
