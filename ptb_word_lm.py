@@ -471,9 +471,8 @@ def main(_):
   # Refusals once the input is good, before anything is written.
   chief = training.is_chief(cluster)
   outputs.lock(FLAGS.save_path, chief)
-  record = training.run_record(
-      config, devices, cluster, FLAGS.train_from_zero_state, FLAGS.use_bf16,
-      FLAGS.original_norm_threads)
+  record = training.run_record(config, devices, cluster, **{
+      name: FLAGS[name].value for name in training.RECORDED_FLAGS})
   resume = training.find_resume(FLAGS.save_path, record, cluster)
   # Every choice of the steps to come, made here once (ptb/plan.py).
   plan = planner.make(FLAGS.plan, config, devices, data_type(FLAGS.use_fp16),

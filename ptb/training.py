@@ -43,12 +43,15 @@ def is_chief(cluster):
   return cluster is None or cluster_lib.is_chief(cluster)
 
 
-def run_record(config, devices, cluster, train_from_zero_state=False,
-               use_bf16=False, original_norm_threads=0):
-  """What the run's checkpoints record of it (resume.record)."""
+# The flags a run's checkpoints record, as resume.record takes them.
+RECORDED_FLAGS = ("train_from_zero_state", "use_bf16", "original_norm_threads")
+
+
+def run_record(config, devices, cluster, **flag_values):
+  """What the run's checkpoints record of it (resume.record); flag_values
+  are those of RECORDED_FLAGS (unset: as before the flag existed)."""
   return resume_lib.record(config, len(devices), replica(cluster)[1],
-                           train_from_zero_state, use_bf16,
-                           original_norm_threads)
+                           **flag_values)
 
 
 def find_resume(save_path, record, cluster):
