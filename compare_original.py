@@ -197,9 +197,15 @@ def main(_):
   seed = 1 if FLAGS.seed is None else FLAGS.seed
   with tempfile.TemporaryDirectory(prefix="compare_original_") as work:
     save_path = os.path.join(work, "original")
+    # Each program gets its own copy: the original's Supervisor saves into
+    # save_path every 10 minutes and, having restored from it, counts the
+    # copy there among the 5 saves its Saver keeps, so a run of an hour
+    # deletes it before the port starts.
+    weights = original_checkpoint.initial_values(config, seed)
+    original_checkpoint.write(os.path.join(save_path, "model.ckpt-0"),
+                              weights)
     ckpt = original_checkpoint.write(
-        os.path.join(save_path, "model.ckpt-0"),
-        original_checkpoint.initial_values(config, seed))
+        os.path.join(work, "initial", "model.ckpt-0"), weights)
     diff = original_run.write_copy(FLAGS.original, os.path.join(work, "code"),
                                    FLAGS.model, values)
     print("The original's %s, edited in place:" %

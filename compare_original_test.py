@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -144,6 +145,44 @@ class RefusalTest(tf.test.TestCase):
     config = compare_original.port_config("large", "keep_prob=1")
     self.assertEqual(compare_original.edits(config, fields, 10),
                      {"keep_prob": 1, "max_max_epoch": 10})
+
+
+class SharedWeightsTest(tf.test.TestCase):
+  """Both programs start from the same weights, however long the original
+  runs."""
+
+  def testThePortsWeightsOutliveTheOriginalsSaves(self):
+    lines = {("progress", "0.004"): 900.0, ("speed", "0.004"): 100.0,
+             ("train", 1): 500.0, ("valid", 1): 400.0, ("test",): 390.0}
+    given = {}
+
+    def run(name, command, fraction, **unused_kwargs):
+      del fraction
+      if name == "the original":
+        # An hour of it: its Saver, keeping its 5 newest saves, has
+        # deleted the checkpoint it restored from its --save_path.
+        save_path = command[-1].split("=", 1)[1]
+        for path in glob.glob(os.path.join(save_path, "model.ckpt-0.*")):
+          os.remove(path)
+      else:
+        init = [a for a in command if a.startswith("--init_from=")]
+        given["port"] = original_checkpoint.read(init[0].split("=", 1)[1])
+      return dict(lines), 1.0
+
+    with tempfile.TemporaryDirectory() as tmp, \
+        mock.patch.object(compare_original.curves, "run", run), \
+        mock.patch.object(original_run, "ensure_venv", lambda venv: "python"):
+      out, err, status = _compare(
+          "--original=" + ORIGINAL_DIR, "--original_venv=" + tmp,
+          "--data_path=" + testing.make_corpus(tmp), "--model=test",
+          "--epochs=1")
+    self.assertEqual(status, 0, err)
+    self.assertIn("| test | 390.000 | 390.000 | 1.00000 |", out)
+    expected = original_checkpoint.initial_values(
+        compare_original.port_config("test", None), 1)
+    self.assertCountEqual(given["port"], expected)
+    for name, value in expected.items():
+      self.assertAllEqual(given["port"][name], value, msg=name)
 
 
 # In the original's virtualenv: the page faults of ten session calls that
