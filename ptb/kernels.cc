@@ -421,14 +421,29 @@ float DotChains(int64_t iterations) {
 // kernels' tile, over the K pairs. a's rows come as pairs of bfloat16 (one
 // 32-bit word a pair, the even k in the low half), which a broadcast puts
 // in every lane; the panel's row of pairs is two vectors of 16 lanes.
-// c = the product + x, stored to the first `width` columns.
-template <int R>
+// c = the product + x, stored to the first `width` columns. The panel's
+// rows of pairs are 128 bytes, as the float32 panels' rows: the tile
+// prefetches its own rows ahead and kLines lines of the next panel a row,
+// as the float32 Tile does (PanelTiles says why).
+template <int R, int kLines>
 void PairTile(const uint32_t* a, int64_t Kp, const uint32_t* panel,
-              const float* x, float* c, int64_t ldc, int64_t width) {
+              const float* x, float* c, int64_t ldc, int64_t width,
+              uintptr_t next) {
   __m512 acc[R][2];
   PTB_TILE_LOOP
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t kp = 0; kp < Kp; ++kp) {
+    // Addresses, not pointers: the last rows' prefetches point past the
+    // panels, which is harmless.
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(panel) +
+                            sizeof(uint32_t) * kPanel * (kp + kPrefetch);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
+    const uintptr_t line = next + 64 * kLines * kp;
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+    if (kLines == 2) {
+      _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
+    }
     const uint32_t* row = panel + kp * kPanel;
     const __m512bh w0 =
         reinterpret_cast<__m512bh>(_mm512_loadu_si512(row));
@@ -499,30 +514,49 @@ void PairRow(const float* even, const float* odd, int64_t n, uint32_t* dst) {
 
 constexpr int kPairRows = 10;  // 20 accumulators of the 32 registers
 
-// Every row of a [M, Kp pairs] against one panel [Kp, 32 lanes of pairs]:
-// tiles of kPairRows rows, then one of the rows left; a PairRowsFn.
-void PairRows(const uint32_t* a, int64_t M, int64_t Kp,
-              const uint32_t* panel, const float* x, float* c, int64_t ldc,
-              int64_t width) {
-  int64_t m = 0;
-  for (; m + kPairRows <= M; m += kPairRows) {
-    PairTile<kPairRows>(a + m * Kp, Kp, panel, x + m * ldc, c + m * ldc, ldc,
-                        width);
+// The rows of a [M, Kp pairs] against one panel [Kp, 32 lanes
+// of pairs], in tiles of kPairRows rows, then one of the rows left; each
+// pass prefetches its share of the next panel (PanelTiles).
+template <int kLines>
+void PairPasses(const uint32_t* a, int64_t M, int64_t Kp,
+                const uint32_t* panel, const float* x, float* c,
+                int64_t ldc, int64_t width, uintptr_t next) {
+  constexpr int64_t kCover = 2 / kLines;
+  const uintptr_t stride = 64 * kLines * Kp;
+  int64_t m = 0, pass = 0;
+  for (; m + kPairRows <= M; m += kPairRows, ++pass) {
+    PairTile<kPairRows, kLines>(a + m * Kp, Kp, panel, x + m * ldc,
+                                c + m * ldc, ldc, width,
+                                next + stride * (pass % kCover));
   }
   const uint32_t* am = a + m * Kp;
   const float* xm = x + m * ldc;
   float* cm = c + m * ldc;
+  const uintptr_t nm = next + stride * (pass % kCover);
   switch (M - m) {
-    case 1: PairTile<1>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 2: PairTile<2>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 3: PairTile<3>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 4: PairTile<4>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 5: PairTile<5>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 6: PairTile<6>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 7: PairTile<7>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 8: PairTile<8>(am, Kp, panel, xm, cm, ldc, width); break;
-    case 9: PairTile<9>(am, Kp, panel, xm, cm, ldc, width); break;
+    case 1: PairTile<1, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 2: PairTile<2, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 3: PairTile<3, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 4: PairTile<4, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 5: PairTile<5, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 6: PairTile<6, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 7: PairTile<7, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 8: PairTile<8, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
+    case 9: PairTile<9, kLines>(am, Kp, panel, xm, cm, ldc, width, nm); break;
     default: break;
+  }
+}
+
+// Every row of a [M, Kp pairs] against one panel; a PairRowsFn.
+void PairRows(const uint32_t* a, int64_t M, int64_t Kp,
+              const uint32_t* panel, const float* x, float* c, int64_t ldc,
+              int64_t width) {
+  const uintptr_t next =
+      reinterpret_cast<uintptr_t>(panel) + sizeof(uint32_t) * Kp * kPanel;
+  if (M <= kPairRows) {
+    PairPasses<2>(a, M, Kp, panel, x, c, ldc, width, next);
+  } else {
+    PairPasses<1>(a, M, Kp, panel, x, c, ldc, width, next);
   }
 }
 
