@@ -75,9 +75,9 @@ flags.DEFINE_integer("warmup", 5, "Untimed training steps first.")
 flags.DEFINE_string("output_json", None, "Also write the figures here.")
 flags.DEFINE_string(
     "profile", None,
-    "After the timed steps, trace one and print each part's share of it "
-    "(ptb/profile.py); --profile alone prints, --profile=FILE.png also "
-    "draws the last combination's.")
+    "After the timed steps, trace three and print each part's share of "
+    "their mean (ptb/profile.py); --profile alone prints, "
+    "--profile=FILE.png also draws the last combination's.")
 flags.DEFINE_string("roofline", None, "Draw the machine's roofline with the "
                     "results on it in this file (.png, .pdf or .svg); needs "
                     "matplotlib (requirements-plot.txt).")
@@ -142,13 +142,24 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
           "matmul": onednn.matmul_library(), **parts}, config
 
 
-def profile_step(session, fetches, config):
-  """One traced training step's parts (ptb/profile.py), for the result."""
-  spans = profile_lib.intervals(
-      session.graph, profile_lib.trace(session, fetches),
-      {"batch": config.batch_size, "hidden": config.hidden_size,
-       "vocab": config.vocab_size})
-  seconds, busy, step = profile_lib.shares(spans)
+def profile_step(session, fetches, config, calls=3):
+  """The parts of a training step (ptb/profile.py), for the result.
+
+  The mean of `calls` traced steps: which ops overlap differs from step to
+  step, and one step's shares move by several points with it.
+  """
+  dims = {"batch": config.batch_size, "hidden": config.hidden_size,
+          "vocab": config.vocab_size}
+  seconds = dict.fromkeys(profile_lib.PARTS, 0.0)
+  busy = step = 0.0
+  for _ in range(calls):
+    spans = profile_lib.intervals(
+        session.graph, profile_lib.trace(session, fetches), dims)
+    parts, call_busy, call_step = profile_lib.shares(spans)
+    for k in parts:
+      seconds[k] += parts[k] / calls
+    busy += call_busy / calls
+    step += call_step / calls
   return {"profile_seconds": seconds, "profile_busy_seconds": busy,
           "profile_step_seconds": step}
 
