@@ -59,10 +59,27 @@
 namespace tensorflow {
 namespace {
 
-constexpr int64_t kPanel = 32;     // columns per panel
+constexpr int64_t kPanel = 32;     // columns per panel (128 bytes a row)
 constexpr int64_t kPrefetch = 32;  // panel rows (of 128 bytes) ahead
 
 int64_t NumPanels(int64_t n) { return (n + kPanel - 1) / kPanel; }
+
+// The prefetches of a panel tile's row k (PanelMatMul's and
+// PanelMatMulBf16's rows are both 128 bytes): the panel's own row kPrefetch
+// ahead, and kLines lines of the next panel from `next` (PanelTiles says
+// why). Addresses, not pointers: the prefetches of the last rows and of the
+// last panel's successor point past the panels, which is harmless.
+template <int kLines>
+inline void PrefetchPanelRow(uintptr_t panel, int64_t k, uintptr_t next) {
+  const uintptr_t ahead = panel + 128 * (k + kPrefetch);
+  _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
+  const uintptr_t line = next + 64 * kLines * k;
+  _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+  if (kLines == 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
+  }
+}
 
 void Parallel(OpKernelContext* ctx, int64_t units, int64_t cost,
               const std::function<void(int64_t, int64_t)>& work) {
@@ -433,17 +450,7 @@ void PairTile(const uint32_t* a, int64_t Kp, const uint32_t* panel,
   PTB_TILE_LOOP
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t kp = 0; kp < Kp; ++kp) {
-    // Addresses, not pointers: the last rows' prefetches point past the
-    // panels, which is harmless.
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(panel) +
-                            sizeof(uint32_t) * kPanel * (kp + kPrefetch);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
-    const uintptr_t line = next + 64 * kLines * kp;
-    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
-    if (kLines == 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
-    }
+    PrefetchPanelRow<kLines>(reinterpret_cast<uintptr_t>(panel), kp, next);
     const uint32_t* row = panel + kp * kPanel;
     const __m512bh w0 =
         reinterpret_cast<__m512bh>(_mm512_loadu_si512(row));
@@ -1773,17 +1780,7 @@ void Tile(const float* a, int64_t lda, const float* panel, int64_t K,
     for (int j = 0; j < kVectors; ++j) acc[r][j] = V::Zero();
   }
   for (int64_t k = 0; k < K; ++k) {
-    // Addresses, not pointers: the prefetches of the last rows and of the
-    // last panel's successor point past the panels, which is harmless.
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(panel) +
-                            sizeof(float) * kPanel * (k + kPrefetch);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
-    const uintptr_t line = next + 64 * kLines * k;
-    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
-    if (kLines == 2) {
-      _mm_prefetch(reinterpret_cast<const char*>(line + 64), _MM_HINT_T0);
-    }
+    PrefetchPanelRow<kLines>(reinterpret_cast<uintptr_t>(panel), k, next);
     T b[kVectors];
     PTB_TILE_LOOP
     for (int j = 0; j < kVectors; ++j) {
