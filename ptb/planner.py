@@ -3,8 +3,8 @@
 The rules of ptb/plan.py were tuned on a few CPUs; which path of a product
 is fastest differs between CPUs (and between oneDNN versions). As FFTW's
 planner in its MEASURE mode, `make` times each candidate path of the
-training step's products at the step's own shapes, in graphs of their own,
-on the first run of a config on a machine, and keeps the choices as
+training step's products at the step's own shapes, in graphs of their own
+whose calls take turns, on the first run of a config on a machine, and keeps the choices as
 wisdom: a JSON file beside the built kernels, named by a digest of the CPU
 model and instruction sets, the TensorFlow version, the kernels' and this
 module's source, the config's shapes and dtypes and the rules' plan. Later runs read it and
@@ -28,7 +28,9 @@ that matters. Every path the planner can pick is one the equivalence tests
 cover.
 """
 
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -51,7 +53,7 @@ MODES = ("measure", "estimate")
 MARGIN = 0.05
 # Training steps of fewer product FLOPs keep the rules.
 MIN_FLOPS = 1e9
-REPEATS = 3
+REPEATS = 5
 # Wisdom is of this planner's code: another version times afresh.
 with open(__file__, "rb") as _f:
   _SOURCE_DIGEST = hashlib.sha256(_f.read()).hexdigest()[:16]
@@ -88,21 +90,43 @@ def step_flops(config):
 
 
 def _median_seconds(build, repeats):
-  """The median time of a session call of build()'s fetches, in a graph of
-  its own, after one call that packs, caches primitives and warms up."""
-  graph = tf.Graph()
-  with graph.as_default():
-    fetches = build()
-    init = tf.compat.v1.global_variables_initializer()
-  with tf.compat.v1.Session(graph=graph) as session:
-    session.run(init)
-    session.run(fetches)
-    times = []
-    for _ in range(repeats):
-      start = time.perf_counter()
+  """The median time of a session call of build()'s fetches (see
+  _median_times)."""
+  return _median_times({None: build}, repeats)[None]
+
+
+def _median_times(builds, repeats):
+  """{name: the median time of a session call of builds[name]()'s fetches}.
+
+  Each candidate runs in a graph and session of its own, after one call
+  that packs, caches primitives and warms up. The candidates then take
+  turns, one call each a round, the first of a round rotating: a passing
+  slowdown of the machine (another process waking, a clock change) then
+  falls on all of them alike, where timing each candidate's calls in one
+  stretch let it decide between them, and its wisdom is kept for good.
+  """
+  names = list(builds)
+  if not names:
+    return {}
+  times = {name: [] for name in names}
+  with contextlib.ExitStack() as stack:
+    calls = {}
+    for name in names:
+      graph = tf.Graph()
+      with graph.as_default():
+        fetches = builds[name]()
+        init = tf.compat.v1.global_variables_initializer()
+      session = stack.enter_context(tf.compat.v1.Session(graph=graph))
+      session.run(init)
       session.run(fetches)
-      times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
+      calls[name] = functools.partial(session.run, fetches)
+    for turn in range(repeats):
+      first = turn % len(names)
+      for name in names[first:] + names[:first]:
+        start = time.perf_counter()
+        calls[name]()
+        times[name].append(time.perf_counter() - start)
+  return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def _weight(shape):
@@ -190,17 +214,13 @@ def _lstm_part(config, lstm_plan, kernels, dtype_name, repeats, timings,
     # trained 8 % slower on such a choice): the rules' paths are kept, and
     # timed for the dtypes' totals.
     pairs, gradients = [rules], lstm_plan.input_gradients[:1]
-  time_of = {}
-  for pair in pairs:
-    candidate = dataclasses.replace(lstm_plan, forward=pair[0],
-                                    backward=pair[1], products=dtype_name,
-                                    isa=kernels.isa)
-    time_of[pair] = _median_seconds(
-        recurrent_chain(candidate, b, h, steps), repeats)
+  time_of = _median_times({pair: recurrent_chain(dataclasses.replace(
+      lstm_plan, forward=pair[0], backward=pair[1], products=dtype_name,
+      isa=kernels.isa), b, h, steps) for pair in pairs}, repeats)
   recurrent = _pick(time_of, rules) if time_of else None
-  grads = {s: blocks * _median_seconds(
-      transposed(rows, 4 * h, h, s == plan_lib.SWAPPED, dtype_name), repeats)
-           for s in gradients}
+  grads = {s: blocks * t for s, t in _median_times(
+      {s: transposed(rows, 4 * h, h, s == plan_lib.SWAPPED, dtype_name)
+       for s in gradients}, repeats).items()}
   input_gradient = _pick(grads, lstm_plan.input_gradients[0])
   total = time_of.get(recurrent, 0.0) + grads[input_gradient]
   if compare:  # the products whose path is fixed, for the dtypes' totals
@@ -221,9 +241,9 @@ def _softmax_part(config, softmax_plan, dtype_name, repeats, timings,
   (all its products if `compare`)."""
   rows = config.batch_size * config.num_steps
   h, v = config.hidden_size, config.vocab_size
-  grads = {s: _median_seconds(
-      transposed(rows, v, h, s == plan_lib.SWAPPED, dtype_name), repeats)
-           for s in (plan_lib.PLAIN, plan_lib.SWAPPED)}
+  grads = _median_times(
+      {s: transposed(rows, v, h, s == plan_lib.SWAPPED, dtype_name)
+       for s in (plan_lib.PLAIN, plan_lib.SWAPPED)}, repeats)
   choice = _pick(grads, softmax_plan.input_gradient)
   total = grads[choice]
   if compare:

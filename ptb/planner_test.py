@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -42,6 +43,38 @@ class PickTest(tf.test.TestCase):
     self.assertEqual(planner._pick({"a": 1.0, "b": 0.5}, "a"), "b")
     # The rules' choice is not a candidate (BlockLSTM's own products).
     self.assertEqual(planner._pick({"a": 2.0, "b": 1.0}, "c"), "b")
+
+
+class MedianTimesTest(tf.test.TestCase):
+
+  def _builds(self, names, calls, slow_calls=()):
+    """Builders whose call appends its name to `calls`; the calls counted in
+    `slow_calls` (of all candidates, warm-ups included) sleep 50 ms."""
+    def builder(name):
+      def call():
+        calls.append(name)
+        if len(calls) in slow_calls:
+          time.sleep(0.05)
+        return np.float32(0)
+      return lambda: tf.py_function(call, [], tf.float32)
+    return {name: builder(name) for name in names}
+
+  def testCandidatesTakeTurns(self):
+    calls = []
+    times = planner._median_times(self._builds("abc", calls), 3)
+    self.assertEqual(sorted(times), ["a", "b", "c"])
+    # One warm-up each, then a call each a round, the first rotating.
+    self.assertEqual("".join(calls), "abc" + "abc" + "bca" + "cab")
+
+  def testASlowStretchOfTheMachineDecidesNothing(self):
+    # Three calls in a row are slow (after the two warm-ups): timed in one
+    # stretch, they would be three of a's five and make its median slow.
+    times = planner._median_times(
+        self._builds("ab", [], slow_calls=(3, 4, 5)), 5)
+    self.assertLess(max(times.values()), 0.025)
+
+  def testNoCandidates(self):
+    self.assertEqual(planner._median_times({}, 3), {})
 
 
 class MakeTest(tf.test.TestCase):
