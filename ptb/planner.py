@@ -4,11 +4,11 @@ The rules of ptb/plan.py were tuned on a few CPUs; which path of a product
 is fastest differs between CPUs (and between oneDNN versions). As FFTW's
 planner in its MEASURE mode, `make` times each candidate path of the
 training step's products at the step's own shapes, in graphs of their own
-whose calls take turns, on the first run of a config on a machine, and keeps the choices as
-wisdom: a JSON file beside the built kernels, named by a digest of the CPU
-model and instruction sets, the TensorFlow version, the kernels' and this
-module's source, the config's shapes and dtypes and the rules' plan. Later runs read it and
-time nothing. The candidates:
+whose calls take turns, on the first run of a config on a machine, and
+keeps the choices as wisdom: a JSON file beside the built kernels, named
+by a digest of the CPU model and instruction sets, the TensorFlow version,
+the kernels' and this module's source, the config's shapes and dtypes and
+the rules' plan. Later runs read it and time nothing. The candidates:
 
   recurrent        h @ w_h and d_gates @ w_h^T over the step's time steps:
                    the kernels' panels (where this dtype has them), or
@@ -100,10 +100,10 @@ def _median_times(builds, repeats):
 
   Each candidate runs in a graph and session of its own, after one call
   that packs, caches primitives and warms up. The candidates then take
-  turns, one call each a round, the first of a round rotating: a passing
-  slowdown of the machine (another process waking, a clock change) then
-  falls on all of them alike, where timing each candidate's calls in one
-  stretch let it decide between them, and its wisdom is kept for good.
+  turns, one call each a round, the first of a round rotating, so that a
+  passing slowdown of the machine (another process waking, a clock change)
+  falls on all of them alike: with each candidate's calls in one stretch,
+  it could make one look slower, and the choice is kept for good.
   """
   names = list(builds)
   if not names:
