@@ -17,7 +17,8 @@ the rules' plan. Later runs read it and time nothing. The candidates:
   softmax          d_logits @ softmax_w^T, PLAIN or SWAPPED
   products         with --use_bf16: each part's products (the LSTM's, the
                    softmax layer's) in bfloat16 or in float32, all of that
-                   part's products timed in each
+                   part's products timed in each; bfloat16 must beat
+                   float32 by MARGIN, since it rounds
 
 A candidate replaces the rules' choice only when it is faster by more than
 MARGIN (noise then keeps the rules). On the WAVEFRONT path (layers side by
@@ -187,6 +188,17 @@ def _pick(seconds, rules):
   return best
 
 
+def _products_dtype(seconds):
+  """A part's products' dtype from {dtype: seconds of its products}.
+
+  bfloat16 only where it is faster than float32 by more than MARGIN: it
+  rounds the operands, and a lead within the timings' noise buys nothing
+  (the whole step, casts and cell included, can then run slower than in
+  float32, as the how-to's class did when ties went to bfloat16).
+  """
+  return _pick(seconds, bfloat16.FLOAT32)
+
+
 def _recurrent_candidates(lstm_plan, kernels, dtype_name):
   """The (forward, backward) pairs a LAYER or WAVEFRONT path can run."""
   if lstm_plan.paths[0] not in (plan_lib.WAVEFRONT, plan_lib.LAYER):
@@ -274,11 +286,11 @@ def measure(config, estimates, kernels, repeats=REPEATS):
   # A part changes dtype only where both dtypes take the same path (BLOCK
   # without kernels runs BlockLSTM in float32, BASIC's cell in bfloat16).
   paths = {estimates[d].train.lstm.paths for d in dtypes}
-  lstm_dtype = (_pick({d: lstm[d][2] for d in dtypes}, asked)
+  lstm_dtype = (_products_dtype({d: lstm[d][2] for d in dtypes})
                 if len(paths) == 1 else asked)
   softmax = {d: _softmax_part(config, estimates[d].train.softmax, d, repeats,
                               timings, compare) for d in dtypes}
-  softmax_dtype = _pick({d: softmax[d][1] for d in dtypes}, asked)
+  softmax_dtype = _products_dtype({d: softmax[d][1] for d in dtypes})
   choices = plan_lib.Choices(
       recurrent=lstm[lstm_dtype][0], input_gradients=lstm[lstm_dtype][1],
       softmax_input_gradient=softmax[softmax_dtype][0],

@@ -5,6 +5,7 @@ import json
 import os
 import tempfile
 import time
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -43,6 +44,34 @@ class PickTest(tf.test.TestCase):
     self.assertEqual(planner._pick({"a": 1.0, "b": 0.5}, "a"), "b")
     # The rules' choice is not a candidate (BlockLSTM's own products).
     self.assertEqual(planner._pick({"a": 2.0, "b": 1.0}, "c"), "b")
+
+  def testBfloat16OnlyWhereItWinsByTheMargin(self):
+    pick = planner._products_dtype
+    self.assertEqual(pick({FLOAT32: 1.0, BFLOAT16: 0.97}), FLOAT32)
+    self.assertEqual(pick({FLOAT32: 1.0, BFLOAT16: 1.02}), FLOAT32)
+    self.assertEqual(pick({FLOAT32: 1.0, BFLOAT16: 0.90}), BFLOAT16)
+    # float32 alone (no --use_bf16): nothing to choose.
+    self.assertEqual(pick({FLOAT32: 1.0}), FLOAT32)
+
+  def testMeasureKeepsFloat32WhereBfloat16WinsTooLittle(self):
+    # Parts timed as the how-to's class's LSTM on an Intel Xeon with AMX
+    # (bfloat16 2 % slower) and a softmax layer that bfloat16 halves.
+    layer = {FLOAT32: 1.0, BFLOAT16: 1.02}
+    softmax = {FLOAT32: 1.0, BFLOAT16: 0.5}
+    part = types.SimpleNamespace(paths=(plan_lib.WAVEFRONT,))
+    step = types.SimpleNamespace(train=types.SimpleNamespace(
+        lstm=part, softmax=part))
+    real = planner._lstm_part, planner._softmax_part
+    planner._lstm_part = lambda c, p, k, d, *a: (
+        (plan_lib.MATMUL, plan_lib.SWAPPED), plan_lib.PLAIN, layer[d])
+    planner._softmax_part = lambda c, p, d, *a: (plan_lib.PLAIN, softmax[d])
+    try:
+      choices, _ = planner.measure(
+          None, {BFLOAT16: step, FLOAT32: step}, None)
+    finally:
+      planner._lstm_part, planner._softmax_part = real
+    self.assertEqual((choices.lstm_products, choices.softmax_products),
+                     (FLOAT32, BFLOAT16))
 
 
 class MedianTimesTest(tf.test.TestCase):
