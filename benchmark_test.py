@@ -374,6 +374,29 @@ class Bfloat16BenchmarkTest(tf.test.TestCase):
       self.assertAllClose(r["compute_roof_wps"],
                           peak * 1e9 / r["train_flops_per_word"])
 
+  def testAPlanInFloat32IsBoundByTheFmaPeak(self):
+    # The planner kept every product in float32 (bfloat16 no faster there):
+    # the step is of float32 products, bound by the FMA units.
+    real = benchmark.planner.make
+    def make(*args, **kwargs):
+      return real(*args, **dict(kwargs, products=bfloat16.FLOAT32))
+    with tempfile.TemporaryDirectory() as tmp:
+      testing.make_corpus(tmp)
+      out_json = os.path.join(tmp, "bench.json")
+      with mock.patch.object(benchmark.planner, "make", make):
+        out = run_benchmark([
+            "--data_path=" + tmp, "--model=test", "--num_gpus=0",
+            "--steps=2", "--warmup=1", "--use_bf16", "--force_bf16",
+            "--output_json=" + out_json])
+      with open(out_json) as f:
+        r = json.load(f)["results"][0]
+    self.assertEqual((r["products"], r["plan"]["products"]),
+                     ("float32", "float32"))
+    self.assertNotIn("bf16_peak_gflops=", out)
+    if r["fma_peak_gflops"]:
+      self.assertAllClose(r["peak_fraction"],
+                          r["gflops"] / r["fma_peak_gflops"])
+
 
 class ProfileTest(tf.test.TestCase):
 
