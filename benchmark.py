@@ -104,10 +104,6 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
                       ptb_word_lm.data_type(FLAGS.use_fp16), plan_lib.offered(),
                       products=products)
   print(plan_lib.line(plan), file=sys.stderr, flush=True)
-  # The peak that bounds the step is its plan's: with --use_bf16 the planner
-  # keeps every product in float32 where bfloat16 is no faster.
-  if plan_lib.fields(plan)["products"] == bfloat16.FLOAT32:
-    products = bfloat16.FLOAT32
   with tf.Graph().as_default():
     if FLAGS.seed is not None:
       tf.compat.v1.set_random_seed(FLAGS.seed)
@@ -137,13 +133,18 @@ def measure(model_name, rnn_mode, train_data, devices, session_config):
   words = FLAGS.steps * config.batch_size * config.num_steps * len(devices)
   wps = words / elapsed
   flops = roofline_lib.train_flops_per_word(config)
+  fields = dict(plan_lib.fields(plan))
+  # The peak that bounds the step is its plan's: with --use_bf16 the planner
+  # keeps every product in float32 where bfloat16 is no faster.
+  if fields["products"] == bfloat16.FLOAT32:
+    products = bfloat16.FLOAT32
   return {"model": model_name, "config_overrides": FLAGS.config_overrides,
           "rnn_mode": config.rnn_mode.upper(),
           "wps": wps, "seconds": elapsed, "steps": FLAGS.steps,
           "page_faults_per_step": faults / FLAGS.steps,
           "last_cost": float(cost), "train_flops_per_word": flops,
           "gflops": wps * flops / 1e9, "products": products,
-          "plan": dict(plan_lib.fields(plan)), "plan_why": plan.why,
+          "plan": fields, "plan_why": plan.why,
           "matmul": onednn.matmul_library(), **parts}, config
 
 
