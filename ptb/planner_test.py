@@ -6,6 +6,7 @@ import os
 import tempfile
 import time
 import types
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -61,15 +62,13 @@ class PickTest(tf.test.TestCase):
     part = types.SimpleNamespace(paths=(plan_lib.WAVEFRONT,))
     step = types.SimpleNamespace(train=types.SimpleNamespace(
         lstm=part, softmax=part))
-    real = planner._lstm_part, planner._softmax_part
-    planner._lstm_part = lambda c, p, k, d, *a: (
+    lstm_part = lambda c, p, k, d, *a: (
         (plan_lib.MATMUL, plan_lib.SWAPPED), plan_lib.PLAIN, layer[d])
-    planner._softmax_part = lambda c, p, d, *a: (plan_lib.PLAIN, softmax[d])
-    try:
+    softmax_part = lambda c, p, d, *a: (plan_lib.PLAIN, softmax[d])
+    with mock.patch.object(planner, "_lstm_part", lstm_part), \
+         mock.patch.object(planner, "_softmax_part", softmax_part):
       choices, _ = planner.measure(
           None, {BFLOAT16: step, FLOAT32: step}, None)
-    finally:
-      planner._lstm_part, planner._softmax_part = real
     self.assertEqual((choices.lstm_products, choices.softmax_products),
                      (FLOAT32, BFLOAT16))
 
